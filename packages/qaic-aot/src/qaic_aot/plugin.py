@@ -1,0 +1,1 @@
+"""Registers the AOT session backend and model loader."""

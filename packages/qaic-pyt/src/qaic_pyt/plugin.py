@@ -1,0 +1,1 @@
+"""Registers the eager path with qaic-core (attention backends arrive with the eager runner)."""

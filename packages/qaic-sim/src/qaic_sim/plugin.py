@@ -1,0 +1,1 @@
+"""Registers the simulator as the ``sim`` device backend."""

@@ -1,0 +1,5 @@
+"""The ``qaic-vllm`` command."""
+
+
+def main() -> int:
+    return 0
