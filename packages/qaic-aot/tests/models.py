@@ -1,0 +1,153 @@
+"""Tiny random-weight Hugging Face models and a locally trained tokenizer, so tests need no hub."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# One entry per family the exporter supports; "llama3" exercises the Llama 3 rope scaling.
+TINY_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt2")
+
+VOCAB_SIZE = 320
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+_CORPUS = """
+The quick brown fox jumps over the lazy dog. A tiny model learns nothing, but it computes.
+Accelerators run programs compiled ahead of time; the cache keeps every key and value.
+Once upon a time there was a small decoder that predicted the next token greedily.
+Continuous batching lets several prompts share one program, each in its own slot.
+Numbers like 0 1 2 3 4 5 6 7 8 9 10 100 1000 appear in text, and so do symbols: + - * / = ( ) [ ].
+Hello world! How are you today? I am fine, thank you. What is the capital of France? Paris.
+"""
+
+_COMMON = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.1,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+}
+
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {**_COMMON, "rope_theta": 10000.0}),
+    "llama3": (
+        "LlamaConfig",
+        {
+            **_COMMON,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            "tie_word_embeddings": True,
+        },
+    ),
+    "mistral": ("MistralConfig", {**_COMMON, "sliding_window": 4096, "head_dim": 16}),
+    "qwen2": ("Qwen2Config", {**_COMMON, "use_sliding_window": False}),
+    "qwen3": ("Qwen3Config", {**_COMMON, "head_dim": 32, "use_sliding_window": False}),
+    "phi3": ("Phi3Config", {**_COMMON, "original_max_position_embeddings": 256}),
+    "gemma": ("GemmaConfig", {**_COMMON, "head_dim": 32, "tie_word_embeddings": True}),
+    "gpt2": (
+        "GPT2Config",
+        {
+            "vocab_size": VOCAB_SIZE,
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 256,
+            "initializer_range": 0.1,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        },
+    ),
+}
+
+
+def build_tokenizer(out_dir: Path) -> Any:
+    """Train a byte-level BPE on a built-in text and save it as a fast tokenizer with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - 16,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS.strip().splitlines() * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_tiny_model(arch: str, tmp_dir: Path | str, *, seed: int = 0) -> Path:
+    """Write a random-weight tiny HF model of ``arch`` (one of TINY_ARCHS) and a tokenizer; return its dir."""
+    import transformers
+
+    if arch not in CONFIGS:
+        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
+    config_cls, kwargs = CONFIGS[arch]
+    out_dir = Path(tmp_dir) / f"tiny-{arch}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = getattr(transformers, config_cls)(**kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        # Non-trivial norms and biases, so a mis-loaded scale or bias changes the tokens.
+        for _name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.add_(torch.randn_like(param) * 0.2)
+    model.eval()
+    model.save_pretrained(out_dir)
+    build_tokenizer(out_dir)
+    (out_dir / "tiny_model.json").write_text(json.dumps({"arch": arch, "seed": seed}))
+    return out_dir
+
+
+def build_unsupported_model(tmp_dir: Path | str) -> Path:
+    """A model dir whose config names an architecture no exporter path supports."""
+    out_dir = Path(tmp_dir) / "tiny-unsupported"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["FalconMambaForCausalLM"],
+        "model_type": "falcon_mamba",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+    }
+    (out_dir / "config.json").write_text(json.dumps(config))
+    return out_dir
+
+
+def sample_prompts(tokenizer: Any) -> list[list[int]]:
+    """Prompts of different lengths (some spanning several 8-token prefill chunks)."""
+    texts = [
+        "Hello world!",
+        "Once upon a time there was a small decoder that predicted",
+        "The quick brown fox",
+        "Continuous batching lets several prompts share one program, each in its own slot, and",
+    ]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
