@@ -22,7 +22,16 @@ PACKAGES = ["qaic-core", "qaic-sim", "qaic-aot", "qaic-pyt", "qaic-vllm", "qaic-
 
 TORCH = "torch==2.13.0"
 VLLM = "vllm==0.34.0"
-BUILD_TOOLS = ["setuptools>=77,<81", "setuptools-scm>=8", "setuptools-rust", "wheel", "packaging", "jinja2", "hatchling>=1.24", "editables"]
+BUILD_TOOLS = [
+    "setuptools>=77,<81",
+    "setuptools-scm>=8",
+    "setuptools-rust",
+    "wheel",
+    "packaging",
+    "jinja2",
+    "hatchling>=1.24",
+    "editables",
+]
 DEV_TOOLS = [
     "pytest>=8",
     "pytest-timeout>=2.3",
@@ -63,12 +72,23 @@ def ensure_stack(session: nox.Session) -> None:
     pip = [_bin("python"), "-m", "pip", "install", "-q"]
     session.run(*pip, TORCH, "numpy")
     session.run(*pip, *BUILD_TOOLS)
-    have_vllm = session.run(_bin("python"), "-c", "import importlib.metadata as m; print(m.version('vllm'))",
-                            silent=True, success_codes=[0, 1])
+    have_vllm = session.run(
+        _bin("python"),
+        "-c",
+        "import importlib.metadata as m; print(m.version('vllm'))",
+        silent=True,
+        success_codes=[0, 1],
+    )
     if not have_vllm or VLLM.split("==")[1] not in str(have_vllm):
         session.log(f"building {VLLM} for an out-of-tree platform (VLLM_TARGET_DEVICE=empty)")
-        session.run(*pip, "--no-build-isolation", "--no-binary", "vllm", VLLM,
-                    env={"VLLM_TARGET_DEVICE": "empty", "VLLM_SKIP_VERSION_SUFFIX": "1"})
+        session.run(
+            *pip,
+            "--no-build-isolation",
+            "--no-binary",
+            "vllm",
+            VLLM,
+            env={"VLLM_TARGET_DEVICE": "empty", "VLLM_SKIP_VERSION_SUFFIX": "1"},
+        )
     editable: list[str] = []
     for pkg in PACKAGES:
         editable += ["-e", str(ROOT / "packages" / pkg)]
@@ -89,8 +109,9 @@ def _test_env() -> dict[str, str]:
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
-    args = list(session.posargs) or []
-    session.run(_bin("python"), "-m", "pytest", *paths, *args, env=_test_env())
+    """Run pytest on ``paths``; positional arguments after ``--`` replace them."""
+    args = list(session.posargs) or list(paths)
+    session.run(_bin("python"), "-m", "pytest", *args, env=_test_env())
 
 
 @nox.session(name="test-sim")
@@ -118,8 +139,14 @@ def _conformance_session(backend: str) -> None:
     @nox.session(name=f"conformance-{backend}")
     def run(session: nox.Session) -> None:
         ensure_stack(session)
-        session.run(_bin("python"), "-m", "qaic_core.testing", f"--backend={backend}", *session.posargs,
-                    env=_test_env() | {"QAIC_BACKEND": backend})
+        session.run(
+            _bin("python"),
+            "-m",
+            "qaic_core.testing",
+            f"--backend={backend}",
+            *session.posargs,
+            env=_test_env() | {"QAIC_BACKEND": backend},
+        )
 
     run.__doc__ = f"The backend conformance suite against the {backend!r} backend."
 
@@ -156,8 +183,15 @@ def serve(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks; writes .bench/report.json, report.md and a plot."""
     ensure_stack(session)
-    session.run(_bin("python"), "-m", "qaic_vllm.bench", "--out", str(ROOT / ".bench"), *session.posargs,
-                env=_test_env())
+    session.run(
+        _bin("python"),
+        "-m",
+        "qaic_vllm.bench",
+        "--out",
+        str(ROOT / ".bench"),
+        *session.posargs,
+        env=_test_env(),
+    )
 
 
 @nox.session(name="clean-stack")

@@ -25,10 +25,10 @@ from qaic_core.errors import (  # noqa: E402
 from qaic_core.manager import QaicPluginManager, get_plugin_manager  # noqa: E402
 
 __all__ = [
+    "PROJECT_NAME",
     "AttentionBackend",
     "DeviceBackend",
     "ModelLoader",
-    "PROJECT_NAME",
     "QaicBackendNotFoundError",
     "QaicConfigError",
     "QaicError",

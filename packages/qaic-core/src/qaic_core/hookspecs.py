@@ -1,3 +1,4 @@
+# mypy: disable-error-code="empty-body"
 """Hook specifications of the qaic plugin system.
 
 Every hook returns a sequence of small frozen descriptors (see :mod:`qaic_core.descriptors`).

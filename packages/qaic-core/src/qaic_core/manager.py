@@ -60,8 +60,10 @@ class QaicPluginManager(pluggy.PluginManager):
             try:
                 plugin = ep.load()
                 self.register_plugin(plugin, ep.name, provider)
-            except Exception as exc:  # noqa: BLE001 - isolation is the point
-                message = f"qaic plugin {ep.name!r} from {provider} failed to load: {type(exc).__name__}: {exc}"
+            except Exception as exc:
+                message = (
+                    f"qaic plugin {ep.name!r} from {provider} failed to load: {type(exc).__name__}: {exc}"
+                )
                 self.load_errors[ep.name] = message
                 if self.strict:
                     raise QaicPluginError(message + f" ({env.QAIC_STRICT_PLUGINS} is set)") from exc
@@ -146,7 +148,7 @@ def _version(dist: str) -> str:
 def _safe_available(backend: DeviceBackend) -> bool:
     try:
         return bool(backend.is_available())
-    except Exception as exc:  # noqa: BLE001 - an availability probe must never crash selection
+    except Exception as exc:
         log.warning("qaic backend %r availability check failed: %s", backend.name, exc)
         return False
 

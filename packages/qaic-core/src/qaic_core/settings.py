@@ -48,7 +48,9 @@ class CompileSettings:
                     f"unknown compile setting {key!r}; known settings: {', '.join(sorted(known))}"
                 )
             if name in {"device_group", "compiler_args"} and value is not None:
-                value = tuple(value.split(",") if isinstance(value, str) and name == "device_group" else value)
+                value = tuple(
+                    value.split(",") if isinstance(value, str) and name == "device_group" else value
+                )
                 if name == "device_group":
                     value = tuple(int(v) for v in value)
             clean[name] = value

@@ -62,7 +62,7 @@ class Direction(enum.IntEnum):
     OUT = 1
 
 
-class SkuType(str, enum.Enum):
+class SkuType(enum.StrEnum):
     """Card SKUs and the figures per SoC (QID) from the public product briefs."""
 
     STANDARD = "standard"

@@ -108,7 +108,9 @@ class _Session:
         assert self.program.activate() == qaicrt.QStatus.SUCCESS
         self.exe = qaicrt.ExecObj(self.ctx, self.program)
 
-    def run(self, arrays: dict[str, Any], out_shapes: dict[str, list[int]]) -> tuple[int, dict[str, np.ndarray]]:
+    def run(
+        self, arrays: dict[str, Any], out_shapes: dict[str, list[int]]
+    ) -> tuple[int, dict[str, np.ndarray]]:
         buffers, dims = [], []
         for b in self.bindings:
             dtype = BUFFER_DTYPES[BufferType(b.type)]
@@ -130,7 +132,9 @@ class _Session:
         result = {}
         for b, buf, (_, shape) in zip(self.bindings, outs, dims, strict=True):
             if b.dir == 1 and int(np.prod(shape)) > 0:
-                result[b.name] = np.frombuffer(bytes(buf), dtype=BUFFER_DTYPES[BufferType(b.type)]).reshape(shape)
+                result[b.name] = np.frombuffer(bytes(buf), dtype=BUFFER_DTYPES[BufferType(b.type)]).reshape(
+                    shape
+                )
         return int(status), result
 
     def close(self) -> None:
@@ -158,7 +162,11 @@ def test_retained_state_round_trips(qaicrt: ModuleType, aicapi: ModuleType, accu
         assert status == 0
         np.testing.assert_array_equal(out["y"], 3 * one)
         status, out = s.run(
-            {"x": np.ones((2, 4), np.float32), "batch_index": np.array([[0], [1]]), "state": np.zeros((0,), np.float32)},
+            {
+                "x": np.ones((2, 4), np.float32),
+                "batch_index": np.array([[0], [1]]),
+                "state": np.zeros((0,), np.float32),
+            },
             {"y": [2, 4], "state_RetainedState": [0]},
         )
         assert status == 0
@@ -168,11 +176,17 @@ def test_retained_state_round_trips(qaicrt: ModuleType, aicapi: ModuleType, accu
 
 
 @pytest.mark.requires("compile")
-def test_unmatched_shapes_fail_the_wait(qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path) -> None:
+def test_unmatched_shapes_fail_the_wait(
+    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+) -> None:
     s = _Session(qaicrt, aicapi, accumulator_qpc)
     try:
         status, _ = s.run(
-            {"x": np.ones((3, 4), np.float32), "batch_index": np.array([[0], [1], [0]]), "state": np.zeros((2, 4), np.float32)},
+            {
+                "x": np.ones((3, 4), np.float32),
+                "batch_index": np.array([[0], [1], [0]]),
+                "state": np.zeros((2, 4), np.float32),
+            },
             {"y": [3, 4], "state_RetainedState": [0]},
         )
         assert status != 0
