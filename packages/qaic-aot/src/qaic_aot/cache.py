@@ -1,0 +1,112 @@
+"""The export/compile cache under ``QEFF_HOME``: keys, directory layout and safe concurrent filling.
+
+Layout (QEfficient's)::
+
+    $QEFF_HOME/<arch>/<model>-<export_hash>/
+      <model>.onnx, hashed_export_params.json
+      qpc-<compile_hash>/
+        specializations.json, custom_io.yaml, hashed_compile_params.json, qconfig.json, [mdp_ts_<N>.json]
+        qpc/programqpc.bin
+
+Each entry is built in a temporary directory next to its final place and moved there with one
+``rename`` while a file lock is held, so a reader sees either nothing or a complete entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from qaic_core import qpc as layout
+
+log = logging.getLogger("qaic.aot.cache")
+
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".model", ".txt", ".py")
+"""Files of a model directory that make up its identity (config, weights, remote code)."""
+
+CONTENT_HASH_LIMIT = 256 * 1024 * 1024
+"""Files up to this size are hashed by content; larger ones by name, size and mtime (fast)."""
+
+LOCK_TIMEOUT_S = 6 * 3600.0
+"""A real compile can take hours; waiting on another process's compile is bounded by this."""
+
+
+def model_fingerprint(model_dir: Path) -> dict[str, str]:
+    """Per-file identity of a model directory: sha256 of small files, size+mtime of huge ones."""
+    model_dir = Path(model_dir)
+    out: dict[str, str] = {}
+    for path in sorted(model_dir.iterdir()):
+        if not path.is_file() or not path.name.endswith(MODEL_FILE_SUFFIXES):
+            continue
+        stat = path.stat()
+        if stat.st_size <= CONTENT_HASH_LIMIT:
+            digest = hashlib.sha256()
+            with path.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            out[path.name] = "sha256:" + digest.hexdigest()
+        else:
+            out[path.name] = f"size:{stat.st_size}:mtime:{stat.st_mtime_ns}"
+    return out
+
+
+def export_dir(home: Path, architecture: str, model_name: str, export_hash: str) -> Path:
+    return Path(home) / architecture / f"{model_name}-{export_hash}"
+
+
+def compile_dir(export_root: Path, compile_hash: str) -> Path:
+    return Path(export_root) / f"qpc-{compile_hash}"
+
+
+def hash_params(params: dict[str, Any]) -> str:
+    return layout.params_hash(params)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an inter-process lock named ``<path>.lock`` (next to the entry it guards)."""
+    lock_path = Path(str(path) + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S)
+    if lock.is_locked:
+        log.info("waiting for another process building %s", path)
+    with lock:
+        yield
+
+
+def build_dir_atomically(final: Path, build: Callable[[Path], None]) -> None:
+    """Run ``build(tmp)`` in a fresh temporary directory, then rename it to ``final``.
+
+    The caller holds the lock of ``final``. A stale ``final`` (left without its marker by an
+    older tool) is removed first; a failed build leaves nothing behind.
+    """
+    final = Path(final)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        if final.exists():
+            log.warning("replacing incomplete cache entry %s", final)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def move_files_into(src: Path, dest: Path, last: tuple[str, ...] = ()) -> None:
+    """Move every file of ``src`` into ``dest`` (renames on one filesystem); ``last`` names go last."""
+    dest.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in src.iterdir())
+    ordered = [n for n in names if n not in last] + [n for n in last if n in names]
+    for name in ordered:
+        os.replace(src / name, dest / name)

@@ -1,0 +1,206 @@
+"""Drives a compiled causal LM through QEfficient's IO contract: chunked prefill, full-batch decode.
+
+Prefill runs one sequence at a time (batch 1, ``batch_index=[[slot]]``) in chunks of
+``prefill_seq_len`` padded with position -1; decode runs all ``full_batch_size`` rows at once with
+unused rows at position -1. The KV cache never leaves the device: KV inputs and their
+``_RetainedState`` outputs are skipped (zero-size buffers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from qaic_aot.session import QAICInferenceSession, RunHandle
+from qaic_core.errors import QaicConfigError
+from qaic_core.settings import CompileSettings
+
+log = logging.getLogger("qaic.aot.causal_lm")
+
+PAD_POSITION = -1
+DECODE_EXEC = 0
+PREFILL_EXEC = 1
+
+
+class LogitsHandle:
+    """A prefill chunk or decode in flight; ``wait()`` returns its logits."""
+
+    def __init__(self, run: RunHandle | None, pick: Callable[[dict[str, np.ndarray]], Any]) -> None:
+        self._run = run
+        self._pick = pick
+
+    def wait(self) -> Any:
+        return self._pick(self._run.wait() if self._run is not None else {})
+
+
+class CausalLM:
+    """Greedy generation and the per-step calls a serving runner needs, on one session."""
+
+    def __init__(self, session: QAICInferenceSession, settings: CompileSettings) -> None:
+        self.session = session
+        self.settings = settings
+        names = set(session.input_names)
+        for required in ("input_ids", "position_ids"):
+            if required not in names:
+                raise QaicConfigError(
+                    f"the program has no {required!r} input: it was not exported as a causal LM"
+                )
+        self.continuous_batching = "batch_index" in names
+        self.prefill_seq_len = settings.prefill_seq_len
+        self.ctx_len = settings.ctx_len
+        self.full_batch_size = settings.decode_batch_size
+        if not self.continuous_batching and self.full_batch_size != 1:
+            raise QaicConfigError(
+                "this program has no batch_index input, so it cannot run one sequence per KV slot: "
+                "compile it with --full-batch-size for continuous batching"
+            )
+        bindings = {b.name: b for b in session.bindings}
+        if "logits" not in bindings:
+            raise QaicConfigError("the program has no 'logits' output: it was not exported as a causal LM")
+        self.vocab_size = int(bindings["logits"].dims[-1])
+        self._check_kv_geometry(bindings)
+        self.decode_exec = DECODE_EXEC
+        self.prefill_exec = PREFILL_EXEC if session.num_exec_objects > 1 else DECODE_EXEC
+        retained = [n for n in session.output_names if n.endswith("_RetainedState")]
+        kv_inputs = [n for n in session.input_names if n.startswith("past_")]
+        session.skip_buffers(kv_inputs + retained)
+
+    def _check_kv_geometry(self, bindings: Mapping[str, Any]) -> None:
+        kv = bindings.get("past_key.0")
+        if kv is None or len(kv.dims) != 4:
+            return
+        slots, _, ctx, _ = kv.dims
+        if ctx != self.ctx_len:
+            raise QaicConfigError(
+                f"the program's KV cache holds {ctx} positions but ctx_len is {self.ctx_len}: set --ctx-len {ctx} "
+                "or recompile"
+            )
+        if slots < self.full_batch_size:
+            raise QaicConfigError(
+                f"the program has {slots} KV slots but full_batch_size is {self.full_batch_size}: set "
+                f"--full-batch-size {slots} or recompile"
+            )
+
+    # -- prefill --------------------------------------------------------------------------
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.full_batch_size:
+            raise QaicConfigError(
+                f"KV slot {slot} is out of range: full_batch_size is {self.full_batch_size}"
+            )
+
+    def _check_positions(self, last_position: int, what: str) -> None:
+        if last_position >= self.ctx_len:
+            raise QaicConfigError(
+                f"{what} reaches position {last_position} but the program holds ctx_len={self.ctx_len} "
+                "positions: shorten the prompt or generation, or compile with a larger --ctx-len"
+            )
+
+    def submit_prefill_chunk(self, slot: int, token_ids: Sequence[int], start_pos: int) -> LogitsHandle:
+        """Start one chunk of at most ``prefill_seq_len`` tokens for ``slot``; wait() gives logits [vocab]."""
+        self._check_slot(slot)
+        n = len(token_ids)
+        if n > self.prefill_seq_len:
+            raise QaicConfigError(
+                f"a prefill chunk holds at most prefill_seq_len={self.prefill_seq_len} tokens, got {n}: "
+                "split the prompt (prefill() does) or raise --prefill-seq-len"
+            )
+        if n == 0:
+            return LogitsHandle(None, lambda _: None)
+        self._check_positions(start_pos + n - 1, f"the prompt ({start_pos + n} tokens)")
+        ids = np.zeros((1, self.prefill_seq_len), np.int64)
+        ids[0, :n] = token_ids
+        pos = np.full((1, self.prefill_seq_len), PAD_POSITION, np.int64)
+        pos[0, :n] = np.arange(start_pos, start_pos + n)
+        inputs = {"input_ids": ids, "position_ids": pos}
+        if self.continuous_batching:
+            inputs["batch_index"] = np.array([[slot]], np.int64)
+        run = self.session.submit(inputs, self.prefill_exec)
+        return LogitsHandle(run, lambda out: out["logits"][0, -1])
+
+    def prefill_chunk(self, slot: int, token_ids: Sequence[int], start_pos: int) -> np.ndarray | None:
+        """Run one chunk; the logits of its last real token (None for an empty chunk)."""
+        result: np.ndarray | None = self.submit_prefill_chunk(slot, token_ids, start_pos).wait()
+        return result
+
+    def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> np.ndarray:
+        """Prefill a whole prompt chunk by chunk; the logits [vocab] of its last token."""
+        if not token_ids:
+            raise QaicConfigError("cannot prefill an empty prompt: give at least one token")
+        self._check_positions(
+            start_pos + len(token_ids) - 1, f"the prompt ({start_pos + len(token_ids)} tokens)"
+        )
+        logits: np.ndarray | None = None
+        step = self.prefill_seq_len
+        for offset in range(0, len(token_ids), step):
+            logits = self.prefill_chunk(slot, token_ids[offset : offset + step], start_pos + offset)
+        assert logits is not None
+        return logits
+
+    # -- decode ---------------------------------------------------------------------------
+    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> LogitsHandle:
+        """Start one full-batch decode; rows maps slot -> (token_id, position); wait() gives slot -> logits."""
+        fbs = self.full_batch_size
+        ids = np.zeros((fbs, 1), np.int64)
+        pos = np.full((fbs, 1), PAD_POSITION, np.int64)
+        for slot, (token, position) in rows.items():
+            self._check_slot(slot)
+            self._check_positions(position, f"the sequence in slot {slot}")
+            ids[slot, 0] = token
+            pos[slot, 0] = position
+        inputs = {"input_ids": ids, "position_ids": pos}
+        if self.continuous_batching:
+            inputs["batch_index"] = np.arange(fbs, dtype=np.int64).reshape(fbs, 1)
+        run = self.session.submit(inputs, self.decode_exec)
+        slots = list(rows)
+        return LogitsHandle(run, lambda out: {s: out["logits"][s, -1] for s in slots})
+
+    def decode(self, rows: Mapping[int, tuple[int, int]]) -> dict[int, np.ndarray]:
+        result: dict[int, np.ndarray] = self.submit_decode(rows).wait()
+        return result
+
+    # -- generation -----------------------------------------------------------------------
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None
+    ) -> list[list[int]]:
+        """Greedy generation with continuous batching over the KV slots; one token list per prompt."""
+        if max_new_tokens < 1:
+            raise QaicConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise QaicConfigError(f"prompt {i} is empty: give at least one token")
+            if len(prompt) + max_new_tokens > self.ctx_len:
+                raise QaicConfigError(
+                    f"prompt {i} has {len(prompt)} tokens and {max_new_tokens} are to be generated, more than "
+                    f"ctx_len={self.ctx_len}: shorten the prompt or --generation-len, or compile with a larger "
+                    "--ctx-len"
+                )
+        stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+        results: list[list[int]] = [[] for _ in prompts]
+        pending = deque(range(len(prompts)))
+        free = list(range(self.full_batch_size))
+        active: dict[int, tuple[int, int, int]] = {}  # slot -> (request, last token, its position)
+
+        def accept(slot: int, request: int, token: int, position: int) -> None:
+            results[request].append(token)
+            if token in stops or len(results[request]) >= max_new_tokens:
+                active.pop(slot, None)
+                free.append(slot)
+            else:
+                active[slot] = (request, token, position)
+
+        while pending or active:
+            while pending and free:
+                slot, request = free.pop(0), pending.popleft()
+                logits = self.prefill(slot, prompts[request])
+                log.debug("prefilled request %d in slot %d", request, slot)
+                accept(slot, request, int(np.argmax(logits)), len(prompts[request]))
+            if active:
+                rows = {slot: (token, position) for slot, (_, token, position) in active.items()}
+                out = self.decode(rows)
+                for slot, (request, _, position) in list(active.items()):
+                    accept(slot, request, int(np.argmax(out[slot])), position + 1)
+        return results

@@ -1,0 +1,223 @@
+"""Export a Hugging Face model to ONNX and compile it to a QPC, once per parameter set (cached)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from qaic_aot import cache, model_files, program_config
+from qaic_aot.progress import stage
+from qaic_core import env, get_plugin_manager
+from qaic_core import qpc as layout
+from qaic_core.descriptors import DeviceBackend
+from qaic_core.errors import QaicConfigError, QaicError
+from qaic_core.settings import CompileSettings
+
+log = logging.getLogger("qaic.aot.compile")
+
+PIPELINE_VERSION = 1
+"""Bumped when the files or flags given to the compiler change, so old cache entries are not reused."""
+
+EXPORT_DTYPE = "float32"
+
+COMPILE_INDEPENDENT = frozenset({"device_group"})
+"""Settings that choose devices at load time and do not change the compiled program."""
+
+
+def select_compiler_backend(name: str | None) -> DeviceBackend:
+    """The device backend whose compiler builds the program (``--backend`` / ``QAIC_BACKEND``)."""
+    backend = get_plugin_manager().select_device_backend(name)
+    if backend.compiler is None:
+        raise QaicConfigError(
+            f"device backend {backend.name!r} has no compiler: choose one that can compile with "
+            "--backend (e.g. qaicrt with the Apps SDK, or sim)"
+        )
+    return backend
+
+
+def exporter_identity() -> str:
+    """Which exporter writes the ONNX (QEfficient when importable, else ours), with its version."""
+    if importlib.util.find_spec("QEfficient") is not None:
+        return f"QEfficient {_version('QEfficient')}"
+    return f"qaic-aot {_version('qaic-aot')}"
+
+
+def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict[str, Any]:
+    """Everything the ONNX depends on: the model files, dtype, exporter and IO contract options."""
+    return {
+        "architecture": arch,
+        "model_files": cache.model_fingerprint(model_dir),
+        "dtype": EXPORT_DTYPE,
+        "exporter": exporter_identity(),
+        "continuous_batching": settings.full_batch_size is not None,
+        "num_speculative_tokens": settings.num_speculative_tokens,
+    }
+
+
+def compile_params(settings: CompileSettings, backend: DeviceBackend) -> dict[str, Any]:
+    """Everything the program depends on besides the ONNX: settings, backend and compiler version."""
+    values = {k: v for k, v in settings.to_dict().items() if k not in COMPILE_INDEPENDENT}
+    return {
+        "settings": values,
+        "backend": backend.name,
+        "compiler": f"{backend.package} {_version(backend.package)}",
+        "pipeline_version": PIPELINE_VERSION,
+    }
+
+
+def compile_model(
+    model_dir: Path | str,
+    settings: CompileSettings,
+    *,
+    backend: str | None = None,
+    progress: bool = True,
+    qeff_home: Path | None = None,
+) -> Path:
+    """Export and compile ``model_dir`` for ``settings``; returns the cached ``qpc-<hash>`` directory."""
+    model_dir = model_files.check_model_dir(Path(model_dir))
+    config = model_files.read_config(model_dir)
+    arch = model_files.architecture(config, model_dir)
+    _check_supported(arch)
+    device_backend = select_compiler_backend(backend)
+    home = Path(qeff_home) if qeff_home is not None else env.qeff_home()
+    model_name = model_dir.name
+    eparams = export_params(model_dir, arch, settings)
+    edir = cache.export_dir(home, arch, model_name, cache.hash_params(eparams))
+    onnx_path = ensure_export(model_dir, edir, model_name, settings, eparams, progress=progress)
+    cparams = compile_params(settings, device_backend)
+    cdir = cache.compile_dir(edir, cache.hash_params(cparams))
+    ensure_compiled(onnx_path, cdir, settings, cparams, device_backend, config, progress=progress)
+    return cdir
+
+
+def ensure_export(
+    model_dir: Path,
+    edir: Path,
+    model_name: str,
+    settings: CompileSettings,
+    params: dict[str, Any],
+    *,
+    progress: bool = True,
+) -> Path:
+    """The cached ONNX of ``model_dir``, exported under a lock unless it is already there."""
+    onnx_path = edir / f"{model_name}.onnx"
+    params_file = edir / layout.EXPORT_PARAMS_FILE
+    with cache.locked(edir):
+        if onnx_path.is_file() and params_file.is_file():
+            log.info("reusing exported model %s", onnx_path)
+            return onnx_path
+        edir.parent.mkdir(parents=True, exist_ok=True)
+
+        def build(tmp: Path) -> None:
+            run_export(model_dir, tmp / onnx_path.name, settings, progress=progress)
+            layout.write_json(tmp / layout.EXPORT_PARAMS_FILE, params)
+
+        staging = edir.parent / f".{edir.name}.export-tmp"
+        cache.build_dir_atomically(staging, build)
+        try:
+            cache.move_files_into(staging, edir, last=(layout.EXPORT_PARAMS_FILE,))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported %s to %s", model_dir, onnx_path)
+    return onnx_path
+
+
+def run_export(model_dir: Path, out_path: Path, settings: CompileSettings, *, progress: bool = True) -> Any:
+    """Call the exporter (``qaic_aot.export.export_onnx``) with a progress display."""
+    from qaic_aot.export import export_onnx
+
+    with stage(f"exporting {model_dir.name} to ONNX", enabled=progress, logger=log):
+        return export_onnx(model_dir, out_path, settings, dtype=EXPORT_DTYPE, progress=progress)
+
+
+def ensure_compiled(
+    onnx_path: Path,
+    cdir: Path,
+    settings: CompileSettings,
+    params: dict[str, Any],
+    backend: DeviceBackend,
+    hf_config: dict[str, Any],
+    *,
+    progress: bool = True,
+) -> Path:
+    """The cached program for ``params``, compiled under a lock unless it already exists."""
+    with cache.locked(cdir):
+        if layout.qpc_exists(cdir):
+            log.info("reusing compiled program %s", cdir)
+            return cdir
+
+        def build(tmp: Path) -> None:
+            argv = write_compile_inputs(onnx_path, tmp, settings)
+            with stage(f"compiling {onnx_path.name} with {backend.name}", enabled=progress, logger=log):
+                run_compiler(backend, argv)
+            if not layout.qpc_exists(tmp):
+                raise QaicError(
+                    f"the compiler finished but wrote no {layout.PROGRAM_FILE} under {tmp / 'qpc'}"
+                )
+            layout.write_json(tmp / layout.COMPILE_PARAMS_FILE, params)
+            layout.write_json(
+                tmp / layout.QCONFIG_FILE,
+                {
+                    "huggingface_config": hf_config,
+                    "qpc_config": {
+                        "compile_params": params,
+                        "compiler_command": [
+                            _compiler_name(backend),
+                            *program_config.relocate(argv, tmp, cdir),
+                        ],
+                        "onnx_path": str(onnx_path),
+                    },
+                },
+            )
+
+        cache.build_dir_atomically(cdir, build)
+    log.info("compiled program ready at %s", cdir)
+    return cdir
+
+
+def write_compile_inputs(onnx_path: Path, out_dir: Path, settings: CompileSettings) -> list[str]:
+    """Write specializations.json, custom_io.yaml and the mdp partition; return the compiler argv."""
+    signature = program_config.read_signature(onnx_path)
+    specs = program_config.specializations(settings, signature.symbols)
+    layout.write_specializations(out_dir / layout.SPECIALIZATIONS_FILE, specs)
+    kv_io = program_config.custom_io(settings, signature.num_layers)
+    if kv_io:
+        layout.write_custom_io(out_dir / layout.CUSTOM_IO_FILE, kv_io)
+    if settings.num_devices > 1:
+        devices = list(settings.device_group or range(settings.num_devices))
+        layout.write_json(
+            out_dir / program_config.mdp_file_name(settings.num_devices),
+            layout.mdp_partition(devices, settings.num_cores),
+        )
+    return program_config.compiler_argv(onnx_path, out_dir, settings, has_custom_io=bool(kv_io))
+
+
+def run_compiler(backend: DeviceBackend, argv: list[str]) -> None:
+    assert backend.compiler is not None
+    log.info("%s %s", _compiler_name(backend), " ".join(argv))
+    backend.compiler(argv)
+
+
+def _compiler_name(backend: DeviceBackend) -> str:
+    return "qaic-compile" if backend.name != "sim" else "qaic-compile (sim)"
+
+
+def _check_supported(arch: str) -> None:
+    from qaic_aot.export import SUPPORTED_ARCHITECTURES
+
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise QaicConfigError(
+            f"architecture {arch!r} is not supported by the AOT exporter; supported: "
+            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+        )
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "unknown"

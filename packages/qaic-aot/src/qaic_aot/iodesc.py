@@ -1,0 +1,79 @@
+"""Reading a program's IO descriptor (bindings and allowed shapes) through the backend's runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from qaic_core import qpc as layout
+from qaic_core.errors import QaicConfigError, QaicRuntimeError
+from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, QStatus
+
+
+@dataclass(frozen=True)
+class ProgramIo:
+    """Bindings in index order and, per specialization, each binding's (itemsize, dims)."""
+
+    bindings: list[Binding]
+    allowed_shapes: list[list[tuple[int, list[int]]]]
+
+
+def program_dir(qpc_path: Path | str) -> Path:
+    """The folder holding ``programqpc.bin``, from a ``qpc-<hash>`` directory or the folder itself."""
+    program = layout.program_path(Path(qpc_path))
+    if not program.is_file():
+        raise QaicConfigError(
+            f"compiled program {program} is missing: compile the model first (qaic-aot compile) "
+            "or give the qpc directory that holds qpc/programqpc.bin"
+        )
+    return program.parent
+
+
+def status_name(status: Any) -> str:
+    """The QStatus name of a runtime status (SUCCESS, INVAL, ...), whatever enum the runtime uses."""
+    try:
+        return QStatus(int(status)).name
+    except (TypeError, ValueError):
+        return str(status)
+
+
+def check(status: Any, what: str) -> None:
+    """Raise ``QaicRuntimeError`` naming the call and the status unless it is SUCCESS."""
+    code = int(status)
+    if code != QStatus.SUCCESS:
+        raise QaicRuntimeError(f"{what} failed with status {status_name(code)} ({code})", status=code)
+
+
+def read_program_io(runtime: ModuleType, aicapi: ModuleType, qpc: Any) -> ProgramIo:
+    """Parse ``qpc.getIoDescriptor()`` with the backend's ``IoDesc`` message."""
+    status, data = qpc.getIoDescriptor()
+    check(status, "Qpc.getIoDescriptor")
+    desc = aicapi.IoDesc()
+    desc.ParseFromString(bytes(data))
+    bindings = [
+        Binding(
+            name=b.name,
+            index=int(b.index),
+            type=BufferType(int(b.type)),
+            dir=Direction(int(b.dir)),
+            dims=tuple(int(d) for d in b.dims),
+            size=int(b.size),
+            quant_scale=float(getattr(b, "quant_scale", 0.0)),
+            quant_offset=int(getattr(b, "quant_offset", 0)),
+            is_partial_buf_allowed=bool(getattr(b, "is_partial_buf_allowed", False)),
+        )
+        for b in desc.selected_set.bindings
+    ]
+    bindings.sort(key=lambda b: b.index)
+    allowed = [
+        [(BUFFER_DTYPES[BufferType(int(s.type))].itemsize, [int(d) for d in s.dims]) for s in shape.shapes]
+        for shape in desc.allowed_shapes
+    ]
+    return ProgramIo(bindings, allowed)
+
+
+def load_program_io(runtime: ModuleType, aicapi: ModuleType, qpc_path: Path | str) -> ProgramIo:
+    """Bindings and allowed shapes of a compiled program on disk (no device needed)."""
+    return read_program_io(runtime, aicapi, runtime.Qpc(str(program_dir(qpc_path))))

@@ -1,0 +1,277 @@
+"""QEfficient's ``QAICInferenceSession`` over any device backend, with runs that can overlap."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qaic_aot.iodesc import check, program_dir, read_program_io, status_name
+from qaic_core import get_plugin_manager
+from qaic_core.errors import QaicConfigError, QaicRuntimeError
+from qaic_core.types import Binding, Direction, QStatus
+
+log = logging.getLogger("qaic.aot.session")
+
+
+class RunHandle:
+    """One run in flight on one exec object; ``wait()`` returns its outputs by name."""
+
+    def __init__(
+        self, session: QAICInferenceSession, exec_index: int, dims: list[tuple[int, list[int]]]
+    ) -> None:
+        self._session = session
+        self.exec_index = exec_index
+        self._dims = dims
+        self._result: dict[str, np.ndarray] | None = None
+        self._error: BaseException | None = None
+
+    def wait(self) -> dict[str, np.ndarray]:
+        """Block until the run finishes; raises ``QaicRuntimeError`` if the device reports a failure."""
+        if self._result is None and self._error is None:
+            try:
+                self._result = self._session._complete(self.exec_index, self._dims)
+            except BaseException as exc:
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+class QAICInferenceSession:
+    """A loaded program: named numpy buffers in, named numpy buffers out (QEfficient's surface)."""
+
+    def __init__(
+        self,
+        qpc_path: Path | str,
+        device_ids: list[int] | None = None,
+        activate: bool = True,
+        enable_debug_logs: bool = False,
+        data_path_timeout_ms: int = 60000,
+        *,
+        backend: str | None = None,
+        num_exec_objects: int = 2,
+    ) -> None:
+        if num_exec_objects < 1:
+            raise QaicConfigError(f"num_exec_objects ({num_exec_objects}) must be at least 1")
+        self.device_backend = get_plugin_manager().select_device_backend(backend)
+        rt = self._rt = self.device_backend.runtime()
+        aicapi = self.device_backend.aicapi()
+        self.qpc_path = program_dir(qpc_path)
+        self.device_ids = list(device_ids) if device_ids else None
+        if self.device_ids:
+            self.context = rt.Context(rt.QIDList(self.device_ids))
+            queue_device = self.device_ids[0]
+        else:
+            self.context = rt.Context()
+            queue_device = 0
+        if enable_debug_logs and hasattr(rt, "QLogLevel") and hasattr(self.context, "setLogLevel"):
+            check(self.context.setLogLevel(rt.QLogLevel.QL_DEBUG), "Context.setLogLevel")
+        self._queues = [rt.Queue(self.context, queue_device) for _ in range(num_exec_objects)]
+        self.qpc = rt.Qpc(str(self.qpc_path))
+        io = read_program_io(rt, aicapi, self.qpc)
+        self._bindings = io.bindings
+        self._allowed_shapes = io.allowed_shapes
+        self._index = {b.name: b.index for b in self._bindings}
+        props = rt.QAicProgramProperties()
+        props.dataPathTimeoutMs = data_path_timeout_ms
+        device: int | None = None
+        if self.device_ids and len(self.device_ids) == 1:
+            device = self.device_ids[0]
+        elif self.device_ids:
+            props.devMapping = ":".join(str(d) for d in self.device_ids)
+        self.program = rt.Program(self.context, device, self.qpc, props)
+        check(self.program.load(), "Program.load")
+        self.num_exec_objects = num_exec_objects
+        self._exec: list[Any] = []
+        self._busy = [threading.Lock() for _ in range(num_exec_objects)]
+        self._buffers: dict[str, np.ndarray] = {}
+        self.is_active = False
+        if activate:
+            self.activate()
+        log.info(
+            "loaded %s on %s (%d bindings)", self.qpc_path, self.device_backend.name, len(self._bindings)
+        )
+
+    # -- QEfficient's attributes -----------------------------------------------------------
+    @property
+    def bindings(self) -> list[Binding]:
+        return self._bindings
+
+    @property
+    def binding_index_map(self) -> dict[str, int]:
+        return dict(self._index)
+
+    @property
+    def allowed_shapes(self) -> list[list[tuple[int, list[int]]]]:
+        return self._allowed_shapes
+
+    @property
+    def input_names(self) -> list[str]:
+        return [b.name for b in self._bindings if b.dir == Direction.IN]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [b.name for b in self._bindings if b.dir == Direction.OUT]
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def activate(self) -> None:
+        """Make the program runnable on its devices and create the exec objects."""
+        if self.is_active:
+            return
+        check(self.program.activate(), "Program.activate")
+        self._exec = [self._rt.ExecObj(self.context, self.program) for _ in range(self.num_exec_objects)]
+        self.is_active = True
+
+    def deactivate(self) -> None:
+        """Release the devices (the retained state is lost); ``activate()`` loads it again."""
+        if not self.is_active:
+            return
+        self._exec = []
+        check(self.program.deactivate(), "Program.deactivate")
+        self.is_active = False
+
+    close = deactivate
+
+    def __enter__(self) -> QAICInferenceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.deactivate()
+
+    # -- buffers --------------------------------------------------------------------------
+    def set_buffers(self, buffers: Mapping[str, np.ndarray]) -> None:
+        """Keep these buffers for every later run (outputs preallocated with their run's shape)."""
+        for name, array in buffers.items():
+            if name not in self._index:
+                raise QaicConfigError(
+                    f"buffer {name!r} is not a binding of this program; bindings: {self._names()}"
+                )
+            self._buffers[name] = np.asarray(array)
+
+    def skip_buffers(self, names: Iterable[str]) -> None:
+        """Send zero-size buffers: KV inputs keep the device's retained state, outputs are not read back."""
+        self.set_buffers({name: np.zeros((0,), self._bindings[self._index[name]].dtype) for name in names})
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run once on exec object 0 and return the outputs that were not skipped."""
+        return self.submit(inputs, 0).wait()
+
+    def submit(self, inputs: Mapping[str, np.ndarray], exec_index: int = 0) -> RunHandle:
+        """Start a run on exec object ``exec_index``; runs on different exec objects overlap."""
+        if not self.is_active:
+            raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
+        if not 0 <= exec_index < self.num_exec_objects:
+            raise QaicConfigError(
+                f"exec_index {exec_index} is out of range: this session has {self.num_exec_objects} exec "
+                "objects (num_exec_objects)"
+            )
+        arrays = self._arrays_for(inputs)
+        qbuffers = [self._rt.QBuffer(arr.tobytes()) for arr in arrays]
+        dims = [(b.dtype.itemsize, list(arr.shape)) for b, arr in zip(self._bindings, arrays, strict=True)]
+        if not self._busy[exec_index].acquire(blocking=False):
+            raise QaicRuntimeError(
+                f"exec object {exec_index} already has a run in flight: wait() for it first or submit to "
+                "another exec_index",
+                status=QStatus.BUSY,
+            )
+        try:
+            exe = self._exec[exec_index]
+            check(exe.setData(qbuffers, self._rt.BufferDimensionsVecRef(dims)), "ExecObj.setData")
+            check(self._queues[exec_index].enqueue(exe), "Queue.enqueue")
+        except BaseException:
+            self._busy[exec_index].release()
+            raise
+        return RunHandle(self, exec_index, dims)
+
+    def _complete(self, exec_index: int, dims: list[tuple[int, list[int]]]) -> dict[str, np.ndarray]:
+        try:
+            exe = self._exec[exec_index]
+            status = exe.waitForCompletion()
+            if int(status) != QStatus.SUCCESS:
+                raise QaicRuntimeError(
+                    f"run failed with status {status_name(status)} ({int(status)})\n"
+                    + self._shapes_report(dims),
+                    status=int(status),
+                )
+            status, out_buffers = exe.getData()
+            check(status, "ExecObj.getData")
+        finally:
+            self._busy[exec_index].release()
+        outputs: dict[str, np.ndarray] = {}
+        for binding, (_, shape) in zip(self._bindings, dims, strict=True):
+            if binding.dir != Direction.OUT or int(np.prod(shape)) == 0:
+                continue
+            raw = bytes(out_buffers[binding.index])
+            outputs[binding.name] = np.frombuffer(raw, dtype=binding.dtype).reshape(shape).copy()
+        return outputs
+
+    def _arrays_for(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One contiguous array per binding: given, kept (set_buffers) or shaped from the matching specialization."""
+        given = dict(self._buffers)
+        for name, value in inputs.items():
+            if name not in self._index:
+                raise QaicConfigError(
+                    f"input {name!r} is not a binding of this program; bindings: {self._names()}"
+                )
+            given[name] = np.asarray(value)
+        missing = [b.name for b in self._bindings if b.dir == Direction.IN and b.name not in given]
+        if missing:
+            raise QaicConfigError(
+                f"missing input buffers {missing}: pass them to run() or set_buffers(), or skip_buffers() "
+                "for retained-state inputs"
+            )
+        arrays: dict[str, np.ndarray] = {}
+        for name, value in given.items():
+            binding = self._bindings[self._index[name]]
+            arr = np.ascontiguousarray(value, dtype=binding.dtype)
+            arrays[name] = arr.reshape(1) if arr.ndim == 0 else arr
+        spec = self._match(arrays)
+        out: list[np.ndarray] = []
+        for binding in self._bindings:
+            if binding.name in arrays:
+                out.append(arrays[binding.name])
+            else:
+                dims = self._allowed_shapes[spec][binding.index][1] if spec >= 0 else list(binding.dims)
+                out.append(np.zeros(dims, binding.dtype))
+        return out
+
+    def _match(self, arrays: Mapping[str, np.ndarray]) -> int:
+        """Index of the first specialization all non-empty buffers fit; a clear error if none does."""
+        if not self._allowed_shapes:
+            return -1
+        for i, shape in enumerate(self._allowed_shapes):
+            if all(
+                arr.size == 0 or list(arr.shape) == shape[self._index[name]][1]
+                for name, arr in arrays.items()
+            ):
+                return i
+        dims = [
+            (b.dtype.itemsize, list(arrays[b.name].shape) if b.name in arrays else []) for b in self._bindings
+        ]
+        raise QaicRuntimeError(
+            "No matching dimension found for the buffers passed\n" + self._shapes_report(dims),
+            status=QStatus.INVAL,
+        )
+
+    def _shapes_report(self, dims: list[tuple[int, list[int]]]) -> str:
+        lines = ["Allowed shapes:"]
+        for i, shape in enumerate(self._allowed_shapes):
+            lines.append(f"{i}")
+            lines += [f"  {b.name}:\t{size}\t{d}" for b, (size, d) in zip(self._bindings, shape, strict=True)]
+        lines.append("Passed shapes:")
+        lines += [
+            f"  {b.name}:\t{size}\t{d}"
+            for b, (size, d) in zip(self._bindings, dims, strict=True)
+            if d and d != [0]
+        ]
+        return "\n".join(lines)
+
+    def _names(self) -> str:
+        return ", ".join(b.name for b in self._bindings)
