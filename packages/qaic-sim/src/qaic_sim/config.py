@@ -1,0 +1,218 @@
+"""Simulator settings: the card topology, faults, tracing and pacing, from env vars or a file.
+
+Precedence: built-in defaults < ``QAIC_SIM_CONFIG`` file (YAML or JSON) < single env vars
+(``QAIC_SIM_TOPOLOGY``, ``QAIC_SIM_FAULTS``, ``QAIC_SIM_TRACE_DIR``, ``QAIC_SIM_PACE``,
+``QAIC_SIM_PACE_AS``, ``QAIC_SIM_THREADS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qaic_core.env import env_flag
+from qaic_core.errors import QaicConfigError
+from qaic_core.types import SkuType
+
+QAIC_SIM_CONFIG = "QAIC_SIM_CONFIG"
+QAIC_SIM_TOPOLOGY = "QAIC_SIM_TOPOLOGY"
+QAIC_SIM_FAULTS = "QAIC_SIM_FAULTS"
+QAIC_SIM_TRACE_DIR = "QAIC_SIM_TRACE_DIR"
+QAIC_SIM_PACE = "QAIC_SIM_PACE"
+QAIC_SIM_PACE_AS = "QAIC_SIM_PACE_AS"
+QAIC_SIM_THREADS = "QAIC_SIM_THREADS"
+
+DEFAULT_TOPOLOGY = "ultra"
+_SKU_ALIASES = {
+    "standard": SkuType.STANDARD,
+    "std": SkuType.STANDARD,
+    "pro": SkuType.PRO,
+    "ultra": SkuType.ULTRA,
+    "ai080-ultra": SkuType.AI080_ULTRA,
+    "ai080_ultra": SkuType.AI080_ULTRA,
+    "ai080ultra": SkuType.AI080_ULTRA,
+    "080-ultra": SkuType.AI080_ULTRA,
+}
+_FILE_KEYS = {"cards", "faults", "trace_dir", "pace", "pace_as", "threads"}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything the simulator reads from its environment, resolved once per topology."""
+
+    cards: tuple[SkuType, ...] = (SkuType.ULTRA,)
+    faults: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    trace_dir: Path | None = None
+    pace: bool = False
+    pace_as: str | None = None
+    threads: int = 0
+    source: str = "defaults"
+
+
+def parse_sku(name: str, where: str) -> SkuType:
+    """A SKU by name (standard, pro, ultra, ai080-ultra), with the choices in the error."""
+    key = str(name).strip().lower()
+    if key not in _SKU_ALIASES:
+        raise QaicConfigError(
+            f"{where}: unknown card type {name!r}; use one of standard, pro, ultra, ai080-ultra"
+        )
+    return _SKU_ALIASES[key]
+
+
+def parse_topology(text: str, where: str = QAIC_SIM_TOPOLOGY) -> tuple[SkuType, ...]:
+    """``"ultra"``, ``"standard:2,pro"``: comma-separated cards, ``sku:count`` repeats a card."""
+    cards: list[SkuType] = []
+    for part in text.split(","):
+        token = part.strip()
+        if not token:
+            raise QaicConfigError(
+                f"{where}={text!r} has an empty entry; write e.g. 'ultra' or 'standard:2,pro'"
+            )
+        name, _, count = token.partition(":")
+        sku = parse_sku(name, f"{where}={text!r}")
+        n = _count(count or "1", f"{where}={text!r}")
+        cards.extend([sku] * n)
+    return tuple(cards)
+
+
+def _count(raw: Any, where: str) -> int:
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        raise QaicConfigError(f"{where}: card count {raw!r} is not an integer") from None
+    if n < 1:
+        raise QaicConfigError(f"{where}: card count must be >= 1, got {n}")
+    return n
+
+
+def _cards_from_file(value: Any, where: str) -> tuple[SkuType, ...]:
+    if isinstance(value, str):
+        return parse_topology(value, where)
+    if not isinstance(value, list) or not value:
+        raise QaicConfigError(
+            f"{where}: 'cards' must be a non-empty list such as [ultra, {{sku: pro, count: 2}}]"
+        )
+    cards: list[SkuType] = []
+    for entry in value:
+        if isinstance(entry, str):
+            cards.append(parse_sku(entry, where))
+        elif isinstance(entry, dict) and "sku" in entry:
+            extra = set(entry) - {"sku", "count"}
+            if extra:
+                raise QaicConfigError(
+                    f"{where}: card entry has unknown keys {sorted(extra)}; use sku and count"
+                )
+            cards.extend([parse_sku(entry["sku"], where)] * _count(entry.get("count", 1), where))
+        else:
+            raise QaicConfigError(f"{where}: card entry {entry!r} must be a SKU name or {{sku, count}}")
+    return tuple(cards)
+
+
+def parse_faults_text(text: str, where: str = QAIC_SIM_FAULTS) -> tuple[Mapping[str, Any], ...]:
+    """Faults as JSON (a list of objects) or ``kind@qid:key=value`` entries separated by commas."""
+    text = text.strip()
+    if not text:
+        return ()
+    if text.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise QaicConfigError(f"{where}: invalid JSON: {exc}") from exc
+        if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+            raise QaicConfigError(f"{where}: expected a JSON list of objects")
+        return tuple(data)
+    faults: list[dict[str, Any]] = []
+    for part in text.split(","):
+        token = part.strip()
+        head, *opts = token.split(":")
+        kind, _, qid = head.partition("@")
+        entry: dict[str, Any] = {"kind": kind.strip()}
+        if qid:
+            entry["qid"] = qid.strip()
+        for opt in opts:
+            key, eq, value = opt.partition("=")
+            if not eq:
+                raise QaicConfigError(f"{where}: {token!r}: option {opt!r} must be key=value (e.g. run=3)")
+            entry[key.strip()] = value.strip()
+        faults.append(entry)
+    return tuple(faults)
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> SimConfig:
+    """Read the file named by ``QAIC_SIM_CONFIG`` (if any), then the single env overrides."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: list[str] = []
+    path = env.get(QAIC_SIM_CONFIG, "").strip()
+    if path:
+        values.update(_read_file(Path(path)))
+        sources.append(path)
+    if env.get(QAIC_SIM_TOPOLOGY, "").strip():
+        values["cards"] = parse_topology(env[QAIC_SIM_TOPOLOGY])
+        sources.append(QAIC_SIM_TOPOLOGY)
+    if env.get(QAIC_SIM_FAULTS, "").strip():
+        values["faults"] = parse_faults_text(env[QAIC_SIM_FAULTS])
+    if env.get(QAIC_SIM_TRACE_DIR, "").strip():
+        values["trace_dir"] = Path(env[QAIC_SIM_TRACE_DIR]).expanduser()
+    if QAIC_SIM_PACE in env:
+        values["pace"] = env_flag(QAIC_SIM_PACE, False, env)
+    if env.get(QAIC_SIM_PACE_AS, "").strip():
+        values["pace_as"] = env[QAIC_SIM_PACE_AS].strip()
+    if env.get(QAIC_SIM_THREADS, "").strip():
+        values["threads"] = _threads(env[QAIC_SIM_THREADS], QAIC_SIM_THREADS)
+    return SimConfig(**values, source=", ".join(sources) or "defaults")
+
+
+def _threads(raw: Any, where: str) -> int:
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        raise QaicConfigError(f"{where}={raw!r} is not an integer (0 lets onnxruntime choose)") from None
+    if n < 0:
+        raise QaicConfigError(f"{where}={raw!r} must be >= 0 (0 lets onnxruntime choose)")
+    return n
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    where = f"{QAIC_SIM_CONFIG}={path}"
+    if not path.is_file():
+        raise QaicConfigError(f"{where}: no such file; point {QAIC_SIM_CONFIG} at a YAML or JSON file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise QaicConfigError(f"{where}: not valid YAML/JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise QaicConfigError(f"{where}: expected a mapping with keys {sorted(_FILE_KEYS)}")
+    unknown = set(data) - _FILE_KEYS
+    if unknown:
+        raise QaicConfigError(f"{where}: unknown keys {sorted(unknown)}; known keys: {sorted(_FILE_KEYS)}")
+    out: dict[str, Any] = {}
+    if "cards" in data:
+        out["cards"] = _cards_from_file(data["cards"], where)
+    if "faults" in data:
+        faults = data["faults"] or []
+        if isinstance(faults, str):
+            out["faults"] = parse_faults_text(faults, where)
+        elif isinstance(faults, list) and all(isinstance(f, dict) for f in faults):
+            out["faults"] = tuple(faults)
+        else:
+            raise QaicConfigError(
+                f"{where}: 'faults' must be a list of objects such as {{kind: reset, qid: 0, run: 3}}"
+            )
+    if data.get("trace_dir"):
+        out["trace_dir"] = Path(str(data["trace_dir"])).expanduser()
+    if "pace" in data:
+        if not isinstance(data["pace"], bool):
+            raise QaicConfigError(f"{where}: 'pace' must be true or false")
+        out["pace"] = data["pace"]
+    if data.get("pace_as"):
+        out["pace_as"] = str(data["pace_as"])
+    if "threads" in data:
+        out["threads"] = _threads(data["threads"], where)
+    return out

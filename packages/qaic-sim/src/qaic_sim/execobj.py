@@ -1,0 +1,327 @@
+"""``ExecObj``: binds host buffers to a program's bindings and runs one inference."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qaic_core.types import Binding, Direction
+from qaic_sim import faults, trace
+from qaic_sim.buffers import BufferDimensionsVecRef, QBuffer
+from qaic_sim.program import Program, SlicingSpecHandle
+from qaic_sim.status import Failure, QStatus
+from qaic_sim.topology import get_topology
+
+if TYPE_CHECKING:
+    from qaic_sim.qaicrt import Context
+
+log = logging.getLogger("qaic.sim.runtime")
+_ids = itertools.count()
+
+
+class ExecObj:
+    """One set of buffers for a program; enqueue it on a Queue and wait for it."""
+
+    def __init__(self, ctx: Context, program: Program) -> None:
+        self.ctx = ctx
+        self.program = program
+        self.id = next(_ids)
+        n = len(program.image.bindings)
+        self._arrays: list[np.ndarray | None] = [None] * n
+        self._slices: list[tuple[Direction, Binding, np.ndarray, tuple[int, ...]]] = []
+        self._qbuffer_mode = False
+        self._inputs_qb: list[QBuffer] = []
+        self._results: list[np.ndarray | None] = [None] * n
+        self._future: Future[QStatus] | None = None
+        self._status = QStatus.SUCCESS
+        self._set_error: Failure | None = None
+        self.lastError = ""
+        self.lastDeviceTimeS = 0.0
+        self.lastSpecialization = ""
+        self._lock = threading.Lock()
+
+    # -- binding buffers -----------------------------------------------------------------
+    def setData(
+        self, buffers: Sequence[Any], dims: BufferDimensionsVecRef | Sequence[Any] | None = None
+    ) -> QStatus:
+        """``setData(qbuffers, dims)`` or the zero-copy ``setData([(binding_index, ndarray), ...])``."""
+        try:
+            if dims is None:
+                self._set_pairs(buffers)
+            else:
+                self._set_qbuffers(buffers, dims)
+            self._slices = []
+            self._set_error = None
+        except Failure as exc:
+            self._set_error = exc
+            return self._fail(exc)
+        return QStatus.SUCCESS
+
+    def _set_qbuffers(self, buffers: Sequence[Any], dims: Any) -> None:
+        bindings = self.program.image.bindings
+        if len(buffers) != len(bindings) or len(dims) != len(bindings):
+            raise Failure(
+                QStatus.INVAL,
+                f"setData got {len(buffers)} buffers and {len(dims)} dims for {len(bindings)} bindings",
+            )
+        arrays: list[np.ndarray | None] = []
+        for b, qb, (itemsize, shape) in zip(bindings, buffers, dims, strict=True):
+            count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+            if count == 0 or qb.size == 0:
+                arrays.append(None)
+                continue
+            self._check_itemsize(b, int(itemsize))
+            if qb.size != count * b.dtype.itemsize:
+                raise Failure(
+                    QStatus.INVAL,
+                    f"buffer {b.name!r} holds {qb.size} bytes but dims {list(shape)} need {count * b.dtype.itemsize}",
+                )
+            if b.dir == Direction.IN:
+                arrays.append(qb.array(b.dtype, tuple(shape)))
+            else:
+                arrays.append(np.empty(tuple(shape), dtype=b.dtype))
+        self._arrays = arrays
+        self._inputs_qb = list(buffers)
+        self._qbuffer_mode = True
+
+    def _set_pairs(self, pairs: Sequence[Any]) -> None:
+        bindings = self.program.image.bindings
+        arrays: list[np.ndarray | None] = [None] * len(bindings)
+        for item in pairs:
+            try:
+                index, arr = item
+            except (TypeError, ValueError):
+                raise Failure(
+                    QStatus.INVAL, f"setData expects (binding_index, ndarray) pairs, got {item!r}"
+                ) from None
+            if not 0 <= int(index) < len(bindings):
+                raise Failure(QStatus.INVAL, f"binding index {index} out of range 0..{len(bindings) - 1}")
+            b = bindings[int(index)]
+            arr = np.asarray(arr)
+            if arr.size == 0:
+                continue
+            self._check_itemsize(b, arr.itemsize)
+            if not arr.flags.c_contiguous:
+                if b.dir == Direction.OUT:
+                    raise Failure(
+                        QStatus.INVAL, f"output buffer {b.name!r} must be C-contiguous to be filled in place"
+                    )
+                arr = np.ascontiguousarray(arr)
+            if arr.dtype != b.dtype:
+                arr = arr.view(b.dtype)
+            arrays[int(index)] = arr
+        self._arrays = arrays
+        self._qbuffer_mode = False
+
+    @staticmethod
+    def _check_itemsize(b: Binding, itemsize: int) -> None:
+        if itemsize != b.dtype.itemsize:
+            raise Failure(
+                QStatus.INVAL,
+                f"buffer {b.name!r} has element size {itemsize} but the binding holds {b.dtype} "
+                f"({b.dtype.itemsize} bytes)",
+            )
+
+    def setDataWithSlices(
+        self, pairs: Sequence[Any], handle: SlicingSpecHandle | None, params: Sequence[tuple[str, int]]
+    ) -> tuple[QStatus, Any]:
+        """Bind buffers; those matching the slicing spec are one slice of the retained state.
+
+        An input slice is written into the device-held state at the spec's start offsets before
+        the run; an output slice receives that region of the new state after the run.
+        """
+        plain: list[Any] = []
+        slices: list[tuple[Direction, Binding, np.ndarray, tuple[int, ...]]] = []
+        values = dict(params)
+        try:
+            if handle is None:
+                raise Failure(
+                    QStatus.INVAL, "setDataWithSlices needs a handle from Program.createSlicingSpecHandle"
+                )
+            image = self.program.image
+            for index, arr in pairs:
+                b = image.bindings[int(index)]
+                spec = handle.find(b.name)
+                if spec is None:
+                    plain.append((index, arr))
+                    continue
+                base = image.retained_out.get(b.name, b.name)
+                if base not in image.retained:
+                    raise Failure(QStatus.INVAL, f"slices apply to retained state only, not to {b.name!r}")
+                arr = np.asarray(arr)
+                if arr.ndim != len(spec.starts):
+                    raise Failure(
+                        QStatus.INVAL,
+                        f"slice for {b.name!r} has {arr.ndim} dims but its DimSpecs give {len(spec.starts)}",
+                    )
+                starts = []
+                for s in spec.starts:
+                    if isinstance(s, str):
+                        if s not in values:
+                            raise Failure(
+                                QStatus.INVAL, f"slicing parameter {s!r} was not given (got {sorted(values)})"
+                            )
+                        starts.append(int(values[s]))
+                    else:
+                        starts.append(int(s))
+                slices.append((b.dir, image.by_name[base], arr, tuple(starts)))
+            self._set_pairs(plain)
+        except Failure as exc:
+            self._set_error = exc
+            return self._fail(exc), None
+        self._slices = slices
+        self._set_error = None
+        return QStatus.SUCCESS, handle
+
+    # -- results -------------------------------------------------------------------------
+    def getData(self) -> tuple[QStatus, list[QBuffer]]:
+        """Output buffers of the last completed run (inputs as given); empty where not copied back."""
+        out: list[QBuffer] = []
+        for b, res in zip(self.program.image.bindings, self._results, strict=True):
+            if b.dir == Direction.IN and self._qbuffer_mode and self._inputs_qb:
+                out.append(self._inputs_qb[b.index])
+            elif res is not None:
+                out.append(QBuffer(res))
+            else:
+                out.append(QBuffer(b""))
+        return self._status, out
+
+    def waitForCompletion(self) -> QStatus:
+        """Block until the enqueued run finishes; its status (non-SUCCESS for any failure)."""
+        future = self._future
+        if future is None:
+            return self._status
+        self._status = future.result()
+        return self._status
+
+    def submit(self, future: Future[QStatus]) -> None:
+        self._future = future
+
+    def _fail(self, exc: Failure) -> QStatus:
+        self.lastError = exc.message
+        log.error("%s", exc.message)
+        return exc.status
+
+    # -- execution -----------------------------------------------------------------------
+    def execute(self, queue_id: int = 0) -> QStatus:
+        """Run once with the bound buffers (called on a queue thread)."""
+        start = time.perf_counter()
+        program = self.program
+        self.lastError = ""
+        try:
+            if self._set_error is not None:
+                raise self._set_error
+            program.check_runnable()
+            with program.run_lock:
+                status, spec, device_time = self._run(start)
+        except Failure as exc:
+            status, spec, device_time = self._fail(exc), -1, 0.0
+        except Exception as exc:
+            status, spec, device_time = (
+                self._fail(Failure(QStatus.ERROR, f"execution failed: {exc}")),
+                -1,
+                0.0,
+            )
+        wall = time.perf_counter() - start
+        self._account(status, spec, device_time, start, wall, queue_id)
+        self._status = status
+        return status
+
+    def _run(self, start: float) -> tuple[QStatus, int, float]:
+        program = self.program
+        image = program.image
+        shapes = [None if a is None else tuple(a.shape) for a in self._arrays]
+        k = image.match(shapes)
+        if k is None:
+            raise Failure(QStatus.INVAL, image.allowed_text(shapes))
+        spec = image.manifest.specs[k]
+        self.lastSpecialization = spec.name
+        for dev in program.devices:
+            dev.runs += 1
+            forced = faults.on_run(dev.qid, dev.runs)
+            if forced is not None:
+                raise Failure(forced, f"injected fault on QID {dev.qid}: {forced.name}")
+        config = get_topology().config
+        session = image.session(config.threads)
+        for direction, b, arr, starts in self._slices:
+            if direction == Direction.IN:
+                state = program.state_array(b, spec.dims[b.index]).copy()
+                region = tuple(slice(s, s + n) for s, n in zip(starts, arr.shape, strict=True))
+                state[region] = arr
+                program.store_state(b, state)
+        feeds: dict[str, np.ndarray] = {}
+        for b in image.inputs:
+            arr = self._arrays[b.index]
+            if arr is None:
+                if b.name not in image.retained:
+                    raise Failure(
+                        QStatus.INVAL,
+                        f"input {b.name!r} has no data (zero-size buffer) and is not retained state: supply it",
+                    )
+                arr = program.state_array(b, spec.dims[b.index])
+            gdt = image.graph_dtypes.get(b.name, b.dtype)
+            feeds[b.name] = arr if arr.dtype == gdt else arr.astype(gdt)
+        results = session.run(image.output_names, feeds)
+        out_results: list[np.ndarray | None] = [None] * len(image.bindings)
+        for b, value in zip(image.outputs, results, strict=True):
+            base = image.retained_out.get(b.name)
+            if base is not None:
+                program.store_state(image.by_name[base], value)
+            target = self._arrays[b.index]
+            if target is None:
+                continue
+            np.copyto(target, value.reshape(target.shape), casting="unsafe")
+            out_results[b.index] = target
+        for direction, b, arr, starts in self._slices:
+            if direction == Direction.OUT:
+                state = program.state_array(b, spec.dims[b.index])
+                region = tuple(slice(s, s + n) for s, n in zip(starts, arr.shape, strict=True))
+                np.copyto(arr, state[region], casting="unsafe")
+        self._results = out_results
+        m = image.manifest
+        device_time = image.device_time_s(k, program.devices[0].sku, len(program.devices), m.num_cores)
+        timeout_ms = program.props.dataPathTimeoutMs
+        if timeout_ms and device_time * 1000 > timeout_ms:
+            raise Failure(
+                QStatus.TIMEDOUT,
+                f"modelled device time {device_time * 1000:.0f} ms exceeds dataPathTimeoutMs={timeout_ms}",
+            )
+        if config.pace:
+            remaining = device_time - (time.perf_counter() - start)
+            if remaining > 0:
+                time.sleep(remaining)
+        return QStatus.SUCCESS, k, device_time
+
+    def _account(
+        self, status: QStatus, spec: int, device_time: float, start: float, wall: float, queue: int
+    ) -> None:
+        self.lastDeviceTimeS = device_time
+        for dev in self.program.devices:
+            with dev.lock:
+                dev.device_time_s += device_time
+                dev.wall_time_s += wall
+        recorder = trace.active()
+        if recorder is not None:
+            image = self.program.image
+            recorder.record(
+                trace.RunRecord(
+                    program=str(image.path),
+                    specialization=image.manifest.specs[spec].name if spec >= 0 else "",
+                    spec_index=spec,
+                    qids=[d.qid for d in self.program.devices],
+                    status=int(status),
+                    start_s=start,
+                    wall_s=wall,
+                    device_time_s=device_time,
+                    queue=queue,
+                    exec_obj=self.id,
+                    message=self.lastError if status != QStatus.SUCCESS else "",
+                )
+            )

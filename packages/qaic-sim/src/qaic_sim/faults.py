@@ -1,0 +1,146 @@
+"""Fault injection: device resets, timeouts, device errors and out-of-memory at load.
+
+A fault fires on one QID at a given count of runs (or loads) on that QID, counted from when the
+fault was armed. Kinds:
+
+- ``reset``: the QID is reset before run N; programs on it fail with DEV_ERROR until loaded again.
+- ``timeout``: run N fails with TIMEDOUT.
+- ``dev_error``: run N fails with DEV_ERROR.
+- ``nomem``: load N fails with NOMEM.
+
+Configure with ``QAIC_SIM_FAULTS`` (``reset@0:run=3,nomem@1:load=1`` or a JSON list), the
+``faults`` list of the ``QAIC_SIM_CONFIG`` file, or :func:`inject` from tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from qaic_core.errors import QaicConfigError
+from qaic_core.types import QStatus
+
+log = logging.getLogger("qaic.sim.faults")
+
+KINDS = {"reset": "run", "timeout": "run", "dev_error": "run", "nomem": "load"}
+
+
+@dataclass
+class Fault:
+    """One armed fault: fires once when the QID's counter reaches ``at``."""
+
+    kind: str
+    qid: int
+    at: int
+    count_from: int = 0
+    fired: bool = False
+
+
+_lock = threading.Lock()
+_faults: list[Fault] = []
+_configured = False
+
+
+def _parse(entry: Mapping[str, Any]) -> tuple[str, int, int]:
+    kind = str(entry.get("kind", "")).strip().lower().replace("-", "_")
+    if kind not in KINDS:
+        raise QaicConfigError(f"fault {dict(entry)}: kind must be one of {sorted(KINDS)}")
+    counter = KINDS[kind]
+    extra = set(entry) - {"kind", "qid", counter, "at"}
+    if extra:
+        raise QaicConfigError(
+            f"fault {dict(entry)}: unknown keys {sorted(extra)}; a {kind} fault takes qid and {counter}"
+        )
+    try:
+        qid = int(entry.get("qid", 0))
+        at = int(entry.get(counter, entry.get("at", 1)))
+    except (TypeError, ValueError):
+        raise QaicConfigError(f"fault {dict(entry)}: qid and {counter} must be integers") from None
+    if qid < 0 or at < 1:
+        raise QaicConfigError(f"fault {dict(entry)}: qid must be >= 0 and {counter} >= 1")
+    return kind, qid, at
+
+
+def configure(entries: tuple[Mapping[str, Any], ...]) -> None:
+    """Arm the faults of the simulator config (once per topology)."""
+    global _configured
+    with _lock:
+        _configured = True
+    for entry in entries:
+        kind, qid, at = _parse(entry)
+        inject(kind, qid, at)
+
+
+def inject(kind: str, qid: int = 0, at: int = 1) -> Fault:
+    """Arm a fault on visible QID ``qid`` at the ``at``-th next run (or load for nomem)."""
+    kind, qid, at = _parse({"kind": kind, "qid": qid, "at": at})
+    from qaic_sim.topology import get_topology
+
+    dev = get_topology().device(qid)
+    if dev is None:
+        raise QaicConfigError(f"fault {kind}: QID {qid} does not exist; devices: {get_topology().ids()}")
+    base = dev.loads if KINDS[kind] == "load" else dev.runs
+    fault = Fault(kind, qid, base + at, count_from=base)
+    with _lock:
+        _faults.append(fault)
+    log.info("armed fault %s on QID %d at %s %d", kind, qid, KINDS[kind], base + at)
+    return fault
+
+
+def reset_device(qid: int) -> None:
+    """Reset QID ``qid`` now, as a host-initiated device reset would."""
+    from qaic_sim.topology import get_topology
+
+    dev = get_topology().device(qid)
+    if dev is None:
+        raise QaicConfigError(f"reset: QID {qid} does not exist")
+    dev.reset()
+
+
+def clear(*, rearm_config: bool = False) -> None:
+    """Disarm every fault; with ``rearm_config`` the configured faults arm again on next use."""
+    global _configured
+    with _lock:
+        _faults.clear()
+        if rearm_config:
+            _configured = False
+
+
+def ensure_configured() -> None:
+    from qaic_sim.topology import get_topology
+
+    topo = get_topology()
+    if not _configured:
+        configure(topo.config.faults)
+
+
+def on_run(qid: int, count: int) -> QStatus | None:
+    """Status forced on run ``count`` of QID ``qid``, or None; a reset fault resets the QID."""
+    fault = _take(qid, count, ("reset", "timeout", "dev_error"))
+    if fault is None:
+        return None
+    log.warning("fault %s fires on QID %d at run %d", fault.kind, qid, count)
+    if fault.kind == "reset":
+        reset_device(qid)
+        return QStatus.DEV_ERROR
+    return QStatus.TIMEDOUT if fault.kind == "timeout" else QStatus.DEV_ERROR
+
+
+def on_load(qid: int, count: int) -> bool:
+    """Whether load ``count`` on QID ``qid`` must fail with NOMEM."""
+    fault = _take(qid, count, ("nomem",))
+    if fault is not None:
+        log.warning("fault nomem fires on QID %d at load %d", qid, count)
+    return fault is not None
+
+
+def _take(qid: int, count: int, kinds: tuple[str, ...]) -> Fault | None:
+    with _lock:
+        for fault in _faults:
+            if not fault.fired and fault.qid == qid and fault.kind in kinds and fault.at == count:
+                fault.fired = True
+                return fault
+    return None

@@ -1,0 +1,228 @@
+"""The simulator's ``qaicrt``: the real runtime's Python names over simulated devices.
+
+A session written for the real module (QEfficient's ``QAICInferenceSession``, vllm-qaic's
+session) runs unchanged with ``qaicrt = qaic_sim.qaicrt`` and ``aicapi = qaic_sim.aicapi``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from qaic_core.errors import QaicRuntimeError
+from qaic_sim import faults
+from qaic_sim.buffers import BufferDimensionsVecRef, QBuffer
+from qaic_sim.execobj import ExecObj
+from qaic_sim.program import Program, QAicProgramProperties, Qpc, SlicingSpecHandle
+from qaic_sim.status import QLogLevel, QStatus
+from qaic_sim.topology import MB, get_topology
+
+log = logging.getLogger("qaic.sim.runtime")
+
+__all__ = [
+    "BufferDimensionsVecRef",
+    "Context",
+    "ExecObj",
+    "Program",
+    "QAicProgramProperties",
+    "QAicQueueProperties",
+    "QBuffer",
+    "QIDList",
+    "QLogLevel",
+    "QStatus",
+    "Qpc",
+    "Queue",
+    "SlicingSpecHandle",
+    "Util",
+]
+
+
+class QIDList(list):  # type: ignore[type-arg]
+    """A list of device ids (QIDs)."""
+
+
+class Context:
+    """A set of devices this process works with; ``Context()`` takes every visible device."""
+
+    def __init__(self, devices: Iterable[int] | None = None, *args: object) -> None:
+        topo = get_topology()
+        faults.ensure_configured()
+        ids = list(devices) if devices is not None else topo.ids()
+        missing = [q for q in ids if topo.device(q) is None]
+        if missing:
+            raise QaicRuntimeError(
+                f"device(s) {missing} do not exist; visible devices: {topo.ids()} (see QAIC_VISIBLE_DEVICES and "
+                "QAIC_SIM_TOPOLOGY)",
+                status=int(QStatus.NODEV),
+            )
+        self.devices = ids
+        self.logLevel = QLogLevel.QL_WARN
+
+    def setLogLevel(self, level: int) -> QStatus:
+        self.logLevel = QLogLevel(int(level))
+        if self.logLevel == QLogLevel.QL_DEBUG:
+            logging.getLogger("qaic.sim").setLevel(logging.DEBUG)
+        return QStatus.SUCCESS
+
+
+class QAicQueueProperties:
+    """Queue properties: ``numThreadsPerQueue`` runs that many exec objects at once."""
+
+    __slots__ = ("numThreadsPerQueue",)
+
+    def __init__(self) -> None:
+        self.numThreadsPerQueue = 1
+
+
+class Queue:
+    """Runs enqueued exec objects on worker threads, in order per thread."""
+
+    _ids = 0
+
+    def __init__(self, ctx: Context, device: int = 0, props: QAicQueueProperties | None = None) -> None:
+        if get_topology().device(device) is None:
+            raise QaicRuntimeError(f"queue device {device} does not exist", status=int(QStatus.NODEV))
+        self.ctx = ctx
+        self.device = device
+        self.props = props or QAicQueueProperties()
+        Queue._ids += 1
+        self.id = Queue._ids
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def initProperties(self, props: QAicQueueProperties) -> QStatus:
+        if int(props.numThreadsPerQueue) < 1:
+            log.error("numThreadsPerQueue must be >= 1")
+            return QStatus.INVAL
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            self.props = props
+        return QStatus.SUCCESS
+
+    def enqueue(self, exe: ExecObj) -> QStatus:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=int(self.props.numThreadsPerQueue), thread_name_prefix=f"qaic-sim-q{self.id}"
+                )
+            exe.submit(self._pool.submit(exe.execute, self.id))
+        return QStatus.SUCCESS
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+@dataclass
+class QResourceInfo:
+    """``Util.getResourceInfo``: counts, and DDR in MB."""
+
+    nspTotal: int
+    nspFree: int
+    dramTotal: int
+    dramFree: int
+    vcTotal: int = 16
+    vcFree: int = 16
+    mcidTotal: int = 4096
+    mcidFree: int = 4096
+    semTotal: int = 32
+    semFree: int = 32
+    pcTotal: int = 32
+    pcFree: int = 32
+    skuType: str = ""
+
+
+@dataclass
+class QDevInfo:
+    """``Util.getDeviceInfo``: identity of one QID."""
+
+    qid: int
+    physicalQid: int
+    name: str
+    skuType: str
+    cardId: int
+    socId: int
+    pciVendorId: int
+    pciDeviceId: int
+    nspTotal: int
+    dramTotal: int
+    devStatus: str = "READY"
+
+
+@dataclass
+class QPerformanceInfo:
+    """``Util.getPerformanceInfo``: runs and modelled device time on one QID (simulator fields)."""
+
+    numRuns: int
+    deviceTimeS: float
+    wallTimeS: float
+    avgDeviceTimeUs: float
+    nspUsed: int
+    nspTotal: int
+
+
+class Util:
+    """Device queries: ids, identity, free resources, performance counters, locking."""
+
+    def getDeviceIds(self) -> tuple[QStatus, list[int]]:
+        return QStatus.SUCCESS, get_topology().ids()
+
+    def getDeviceInfo(self, qid: int) -> tuple[QStatus, QDevInfo | None]:
+        dev = get_topology().device(qid)
+        if dev is None:
+            return QStatus.NODEV, None
+        info = dev.info()
+        return QStatus.SUCCESS, QDevInfo(
+            qid=dev.qid,
+            physicalQid=dev.physical_qid,
+            name=f"Cloud AI 100 {dev.sku.value} (simulated)",
+            skuType=dev.sku.value,
+            cardId=dev.card,
+            socId=dev.soc,
+            pciVendorId=info.pci_vendor,
+            pciDeviceId=info.pci_device,
+            nspTotal=dev.nsp_total,
+            dramTotal=dev.dram_total // MB,
+        )
+
+    def getResourceInfo(self, qid: int) -> tuple[QStatus, QResourceInfo | None]:
+        dev = get_topology().device(qid)
+        if dev is None:
+            return QStatus.NODEV, None
+        return QStatus.SUCCESS, QResourceInfo(
+            nspTotal=dev.nsp_total,
+            nspFree=dev.nsp_free,
+            dramTotal=dev.dram_total // MB,
+            dramFree=dev.dram_free // MB,
+            skuType=dev.sku.value,
+        )
+
+    def getPerformanceInfo(self, qid: int) -> tuple[QStatus, QPerformanceInfo | None]:
+        dev = get_topology().device(qid)
+        if dev is None:
+            return QStatus.NODEV, None
+        avg = dev.device_time_s / dev.runs * 1e6 if dev.runs else 0.0
+        return QStatus.SUCCESS, QPerformanceInfo(
+            numRuns=dev.runs,
+            deviceTimeS=dev.device_time_s,
+            wallTimeS=dev.wall_time_s,
+            avgDeviceTimeUs=avg,
+            nspUsed=dev.nsp_used,
+            nspTotal=dev.nsp_total,
+        )
+
+    def lockDevice(self, qid: int, lock: bool = True, block: bool = True) -> QStatus:
+        """Mark a device locked by this process (advisory, as in one process the sim is exclusive)."""
+        dev = get_topology().device(qid)
+        if dev is None:
+            return QStatus.NODEV
+        if lock and dev.locked and not block:
+            return QStatus.BUSY
+        dev.locked = bool(lock)
+        return QStatus.SUCCESS

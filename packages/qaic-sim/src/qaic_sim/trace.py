@@ -1,0 +1,140 @@
+"""Per-run traces in the runtime's layout plus a Chrome/Perfetto ``trace.json``.
+
+While tracing is on, run ``n`` writes ``<dir>/lrt_trace_<n>/summary.json``, and :func:`stop`
+(or exit) writes ``<dir>/trace.json`` with one host event and one device event per run. Turn it
+on with ``QAIC_SIM_TRACE_DIR``, the ``trace_dir`` config key, or :func:`start` / :func:`stop`
+(vLLM's profiler writes one ``lrt_trace_iter{N}_pid{P}`` directory per profiled span this way).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("qaic.sim.trace")
+
+FLUSH_EVERY = 200
+
+
+@dataclass
+class RunRecord:
+    """What one ExecObj run did, as a trace records it."""
+
+    program: str
+    specialization: str
+    spec_index: int
+    qids: list[int]
+    status: int
+    start_s: float
+    wall_s: float
+    device_time_s: float
+    queue: int
+    exec_obj: int
+    bytes_in: int = 0
+    bytes_out: int = 0
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TraceRecorder:
+    """Writes the per-run directories and collects Chrome trace events."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.count = 0
+        self.events: list[dict[str, Any]] = []
+        self.origin = time.perf_counter()
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._threads: set[int] = set()
+
+    def record(self, run: RunRecord) -> None:
+        with self._lock:
+            self.count += 1
+            n = self.count
+            run_dir = self.root / f"lrt_trace_{n}"
+            run_dir.mkdir(exist_ok=True)
+            (run_dir / "summary.json").write_text(json.dumps({"run": n, **asdict(run)}, indent=1))
+            ts = (run.start_s - self.origin) * 1e6
+            args = {"run": n, "status": run.status, "specialization": run.specialization, "qids": run.qids}
+            for qid in run.qids:
+                self._thread_names(qid)
+                self.events.append(
+                    {"name": f"host {run.specialization}", "cat": "host", "ph": "X", "ts": ts,
+                     "dur": run.wall_s * 1e6, "pid": self.pid, "tid": 2 * qid, "args": args}
+                )  # fmt: skip
+                self.events.append(
+                    {"name": f"device {run.specialization}", "cat": "device", "ph": "X", "ts": ts,
+                     "dur": run.device_time_s * 1e6, "pid": self.pid, "tid": 2 * qid + 1, "args": args}
+                )  # fmt: skip
+            if n % FLUSH_EVERY == 0:
+                self._write()
+
+    def _thread_names(self, qid: int) -> None:
+        if qid in self._threads:
+            return
+        self._threads.add(qid)
+        for tid, label in ((2 * qid, f"QID {qid} host"), (2 * qid + 1, f"QID {qid} device (modelled)")):
+            self.events.append(
+                {"name": "thread_name", "ph": "M", "pid": self.pid, "tid": tid, "args": {"name": label}}
+            )
+
+    def _write(self) -> Path:
+        path = self.root / "trace.json"
+        meta = {"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0, "args": {"name": "qaic-sim"}}
+        path.write_text(json.dumps({"traceEvents": [meta, *self.events], "displayTimeUnit": "ms"}))
+        return path
+
+    def close(self) -> Path:
+        with self._lock:
+            path = self._write()
+        log.info("trace of %d runs written to %s", self.count, self.root)
+        return path
+
+
+_lock = threading.Lock()
+_active: TraceRecorder | None = None
+_from_config_checked = False
+
+
+def start(directory: str | os.PathLike[str]) -> TraceRecorder:
+    """Begin tracing every run of this process into ``directory`` (stopping any earlier trace)."""
+    global _active
+    stop()
+    recorder = TraceRecorder(Path(directory))
+    with _lock:
+        _active = recorder
+    log.info("tracing runs into %s", directory)
+    return recorder
+
+
+def stop() -> Path | None:
+    """Stop tracing; returns the path of the written ``trace.json``, or None when none was active."""
+    global _active
+    with _lock:
+        recorder, _active = _active, None
+    return recorder.close() if recorder is not None else None
+
+
+def active() -> TraceRecorder | None:
+    """The current recorder; the first call starts one when the config names a trace dir."""
+    global _from_config_checked
+    if _active is None and not _from_config_checked:
+        _from_config_checked = True
+        from qaic_sim.topology import get_topology
+
+        trace_dir = get_topology().config.trace_dir
+        if trace_dir is not None:
+            start(trace_dir)
+    return _active
+
+
+atexit.register(stop)
