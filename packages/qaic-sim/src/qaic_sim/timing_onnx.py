@@ -1,0 +1,239 @@
+"""ProgramCost from an exported ONNX graph: bind the symbols, inline local functions, infer shapes, count."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnx.shape_inference
+
+from qaic_sim.timing_cost import ACTIVATION_BYTES, ProgramCost, side_bytes_per_element
+
+log = logging.getLogger("qaic.sim.timing")
+
+KV_INPUT = re.compile(r"^past_(key|value)\.\d+$")
+RETAINED_SUFFIX = "_RetainedState"
+PASS_THROUGH = frozenset(
+    {"Transpose", "Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "DequantizeLinear"}
+)
+"""Ops that only re-view a weight: a MatMul behind them still reads the weight."""
+
+
+def _bind(model: onnx.ModelProto, symbols: Mapping[str, int]) -> onnx.ModelProto:
+    """Copy the model with every symbolic input/output dimension replaced by its value."""
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    missing: set[str] = set()
+    for value in [*bound.graph.input, *bound.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                if dim.dim_param in symbols:
+                    dim.dim_value = int(symbols[dim.dim_param])
+                else:
+                    missing.add(dim.dim_param)
+    if missing:
+        given = ", ".join(sorted(symbols)) or "none"
+        raise ValueError(
+            f"symbols {sorted(missing)} have no value (given: {given}); add them to the specialization"
+        )
+    del bound.graph.value_info[:]
+    return bound
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None]:
+    """Static shape of every value after inference (None where a dimension stayed unknown)."""
+    out: dict[str, tuple[int, ...] | None] = {}
+    g = model.graph
+    for value in [*g.input, *g.value_info, *g.output]:
+        t = value.type.tensor_type
+        if not t.HasField("shape"):
+            out[value.name] = None
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        out[value.name] = None if any(d < 0 for d in dims) else tuple(dims)
+    for init in g.initializer:
+        out[init.name] = tuple(init.dims)
+    return out
+
+
+def _numel(shape: tuple[int, ...] | None) -> int:
+    return math.prod(shape) if shape is not None else 0
+
+
+def _need(shapes: dict[str, tuple[int, ...] | None], name: str, node: onnx.NodeProto) -> tuple[int, ...]:
+    shape = shapes.get(name)
+    if shape is None:
+        raise ValueError(
+            f"{node.op_type} node {node.name or node.output[0]!r}: input {name!r} has no static shape after "
+            "shape inference; bind every symbol and define custom ops as model-local functions"
+        )
+    return shape
+
+
+def _matmul_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...] | None]) -> tuple[int, int]:
+    """(FLOPs, rows) of a MatMul or Gemm: 2 x outputs x contracted size."""
+    a = _need(shapes, node.input[0], node)
+    if node.op_type == "Gemm":
+        trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+        b = _need(shapes, node.input[1], node)
+        k = a[0] if trans_a else a[1]
+        m = a[1] if trans_a else a[0]
+        n = b[0] if any(at.name == "transB" and at.i for at in node.attribute) else b[1]
+        return 2 * m * n * k, m
+    k = a[-1]
+    out = _need(shapes, node.output[0], node)
+    return 2 * _numel(out) * k, max(_numel(a) // max(k, 1), 1)
+
+
+def _einsum_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...] | None]) -> int:
+    """2 x the product of every distinct index size (a contraction's multiply-adds)."""
+    equation = next(at.s.decode() for at in node.attribute if at.name == "equation").replace(" ", "")
+    operands = equation.split("->")[0].split(",")
+    sizes: dict[str, int] = {}
+    for letters, name in zip(operands, node.input, strict=False):
+        if "..." in letters:
+            return 0
+        sizes.update(zip(letters, _need(shapes, name, node), strict=False))
+    return 2 * math.prod(sizes.values())
+
+
+def onnx_cost(
+    model: onnx.ModelProto,
+    symbols: Mapping[str, int],
+    *,
+    weight_bytes_per_param: float,
+    kv_bytes_per_elem: float,
+) -> ProgramCost:
+    """Count MatMul/Gemm/Einsum FLOPs, weight bytes from initializers, KV bytes from past_* bindings."""
+    bound = _bind(model, symbols)
+    top_consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in bound.graph.node:  # before inlining: CtxScatter and friends are still visible
+        for name in node.input:
+            top_consumers[name].append(node)
+    inlined = onnx.inliner.inline_local_functions(bound) if bound.functions else bound
+    inferred = onnx.shape_inference.infer_shapes(inlined, strict_mode=False, data_prop=True)
+    shapes = _shapes(inferred)
+    graph = inferred.graph
+    inits = {i.name: i for i in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    producers: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+        producers.update(dict.fromkeys(node.output, node))
+
+    side = side_bytes_per_element(weight_bytes_per_param)
+    flops = 0
+    tokens = 1
+    weight_read = 0.0
+    storage = 0.0
+    matmul_weights: set[str] = set()
+    allreduce_bytes = 0.0
+    allreduces = 0
+    for node in graph.node:
+        if node.op_type in ("MatMul", "Gemm"):
+            f, rows = _matmul_flops(node, shapes)
+            flops += f
+            weight = _weight_behind(node.input[1], inits, producers)
+            if weight is not None:
+                matmul_weights.add(weight)
+                tokens = max(tokens, rows)
+                if _feeds_residual(node, consumers, inits):
+                    allreduces += 1
+                    allreduce_bytes += _numel(shapes.get(node.output[0])) * ACTIVATION_BYTES
+        elif node.op_type == "Einsum":
+            flops += _einsum_flops(node, shapes)
+
+    for name, init in inits.items():
+        numel = _numel(tuple(init.dims))
+        is_float = init.data_type in (
+            onnx.TensorProto.FLOAT,
+            onnx.TensorProto.FLOAT16,
+            onnx.TensorProto.BFLOAT16,
+        )
+        if name in matmul_weights:
+            per = weight_bytes_per_param
+        elif is_float:
+            per = side
+        else:
+            per = float(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
+        storage += numel * per
+        gathers = [n for n in consumers[name] if n.op_type == "Gather" and n.input[0] == name]
+        if name not in matmul_weights and gathers and len(gathers) == len(consumers[name]):
+            weight_read += sum(_numel(shapes.get(n.output[0])) or numel for n in gathers) * per
+        else:
+            weight_read += numel * per
+
+    kv_read = kv_write = 0.0
+    kv_storage = 0.0
+    activation = 0.0
+    outputs = {o.name for o in graph.output}
+    for value in [*graph.input, *graph.output]:
+        if value.name in inits:
+            continue
+        shape = shapes.get(value.name)
+        base = value.name.removesuffix(RETAINED_SUFFIX)
+        if KV_INPUT.match(value.name):
+            kv_read += _numel(shape) * kv_bytes_per_elem
+            kv_storage += _numel(shape) * kv_bytes_per_elem
+            scatters = [n for n in top_consumers[value.name] if "scatter" in n.op_type.lower()]
+            if scatters:
+                kv_write += sum(_numel(shapes.get(n.input[-1])) for n in scatters) * kv_bytes_per_elem
+            elif value.name + RETAINED_SUFFIX in outputs:
+                kv_write += _numel(shapes.get(value.name + RETAINED_SUFFIX)) * kv_bytes_per_elem
+        elif not (value.name.endswith(RETAINED_SUFFIX) and KV_INPUT.match(base)):
+            itemsize = np.dtype(
+                onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            ).itemsize
+            activation += _numel(shape) * itemsize
+    log.debug("onnx cost: %.3g FLOPs, %.3g weight bytes, %.3g KV bytes read", flops, weight_read, kv_read)
+    return ProgramCost(
+        flops=float(flops),
+        weight_bytes=weight_read,
+        kv_read_bytes=kv_read,
+        kv_write_bytes=kv_write,
+        activation_bytes=activation,
+        tokens=tokens,
+        allreduces=allreduces,
+        allreduce_bytes=allreduce_bytes,
+        weight_storage_bytes=storage,
+        kv_storage_bytes=kv_storage,
+    )
+
+
+def _weight_behind(
+    name: str, inits: Mapping[str, onnx.TensorProto], producers: Mapping[str, onnx.NodeProto]
+) -> str | None:
+    """The initializer a matmul operand re-views (through Transpose/Cast/...), if any."""
+    seen = 0
+    while name not in inits and name in producers and seen < 4:
+        node = producers[name]
+        if node.op_type not in PASS_THROUGH:
+            return None
+        name, seen = node.input[0], seen + 1
+    return name if name in inits else None
+
+
+def _feeds_residual(
+    node: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto]
+) -> bool:
+    """A row-parallel matmul (output/down projection): its output, maybe plus a bias, meets another activation in an Add."""
+    frontier = [node.output[0]]
+    for _ in range(2):
+        nxt = []
+        for value in frontier:
+            for user in consumers.get(value, []):
+                if user.op_type != "Add":
+                    continue
+                other = [i for i in user.input if i != value]
+                if other and all(i not in inits for i in other):
+                    return True
+                nxt.extend(user.output)
+        frontier = nxt
+    return False
