@@ -238,7 +238,7 @@ class DecoderGraph:
     def model(self) -> onnx.ModelProto:
         spec, s = self.spec, self.settings
         kv_rows = contract.kv_batch_dim(s)
-        kv_shape = [kv_rows, spec.num_kv_heads, contract.CTX_LEN, spec.head_dim]
+        kv_shape: list[str | int] = [kv_rows, spec.num_kv_heads, contract.CTX_LEN, spec.head_dim]
         bs, sl = contract.BATCH_SIZE, contract.SEQ_LEN
         info = helper.make_tensor_value_info
         inputs = [
@@ -252,7 +252,8 @@ class DecoderGraph:
         if s.num_speculative_tokens is not None:
             inputs.append(info("num_logits_to_keep", TensorProto.INT64, [contract.NUM_LOGITS_TO_KEEP, 1]))
             n_logits = contract.NUM_LOGITS_TO_KEEP
-        outputs = [info("logits", TensorProto.FLOAT, [bs, n_logits, spec.vocab_size])]
+        logits_shape: list[str | int] = [bs, n_logits, spec.vocab_size]
+        outputs = [info("logits", TensorProto.FLOAT, logits_shape)]
         outputs += [
             info(n, TensorProto.FLOAT, kv_shape) for n in contract.kv_names(spec.num_layers, "_RetainedState")
         ]
