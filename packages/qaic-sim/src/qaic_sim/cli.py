@@ -1,5 +1,114 @@
-"""The ``qaic-sim`` command."""
+"""The ``qaic-sim`` command: list devices, inspect a compiled program, compile like qaic-compile."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from qaic_core.errors import QaicError
+
+USAGE = """qaic-sim list                      simulated devices and their free resources
+qaic-sim qpc PATH                  bindings and specializations of a compiled program
+qaic-sim compile -aic-hw ... -m=X.onnx -aic-binary-dir=DIR/qpc   (qaic-compile flags)"""
 
 
-def main() -> int:
+def cmd_list(console: Console) -> int:
+    from qaic_sim.topology import get_topology
+
+    topo = get_topology()
+    table = Table(title=f"qaic-sim devices ({topo.config.source})")
+    for col in ("QID", "phys", "SKU", "card", "SoC", "NSP free/total", "DRAM free/total (MB)", "runs"):
+        table.add_column(col, justify="right" if col not in ("SKU",) else "left")
+    for d in topo.devices:
+        table.add_row(
+            str(d.qid),
+            str(d.physical_qid),
+            d.sku.value,
+            str(d.card),
+            str(d.soc),
+            f"{d.nsp_free}/{d.nsp_total}",
+            f"{d.dram_free // 2**20}/{d.dram_total // 2**20}",
+            str(d.runs),
+        )
+    console.print(table)
     return 0
+
+
+def cmd_qpc(console: Console, path: str) -> int:
+    from qaic_sim.qpcfile import find_program, read_manifest
+
+    manifest, _ = read_manifest(path)
+    console.print(f"[bold]{find_program(path)}[/bold]")
+    console.print(
+        f"cores {manifest.num_cores}, devices {manifest.num_devices}, fp16 {manifest.convert_to_fp16}, "
+        f"mxfp6 {manifest.mxfp6_matmul}, device memory {manifest.dram_bytes / 2**20:.1f} MB "
+        f"(weights {manifest.weights_bytes / 2**20:.1f}, retained {manifest.retained_bytes / 2**20:.1f}, "
+        f"activations {manifest.activation_bytes / 2**20:.1f})"
+    )
+    table = Table(title="bindings")
+    for col in ("index", "name", "dir", "type", "dims", "bytes", "retained"):
+        table.add_column(col)
+    retained = set(manifest.retained) | set(manifest.retained.values())
+    for b in manifest.bindings:
+        table.add_row(
+            str(b.index),
+            b.name,
+            b.dir.name.lower(),
+            b.type.name + (f" ({manifest.precisions[b.name]})" if b.name in manifest.precisions else ""),
+            str(list(b.dims)),
+            str(b.size),
+            "yes" if b.name in retained else "",
+        )
+    console.print(table)
+    specs = Table(title="specializations")
+    specs.add_column("#")
+    specs.add_column("name")
+    specs.add_column("symbols")
+    for i, s in enumerate(manifest.specs):
+        specs.add_row(str(i), s.name, ", ".join(f"{k}={v}" for k, v in s.symbols.items()))
+    console.print(specs)
+    return 0
+
+
+def cmd_compile(argv: Sequence[str]) -> int:
+    from qaic_sim.compiler import compile_argv
+
+    path = compile_argv(list(argv))
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    is_compile = bool(args) and args[0] == "compile"
+    level = logging.INFO if is_compile else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    console = Console()
+    if is_compile:
+        runner = lambda: cmd_compile(args[1:])  # noqa: E731 - compile takes qaic-compile's own argv
+    else:
+        parser = argparse.ArgumentParser(prog="qaic-sim", usage=USAGE)
+        sub = parser.add_subparsers(dest="cmd", required=True)
+        sub.add_parser("list", help="simulated devices and their free resources")
+        qpc = sub.add_parser("qpc", help="bindings and specializations of a compiled program")
+        qpc.add_argument("path")
+        sub.add_parser("compile", help="compile with qaic-compile flags")
+        ns = parser.parse_args(args)
+        if ns.cmd == "list":
+            runner = lambda: cmd_list(console)  # noqa: E731
+        else:
+            runner = lambda: cmd_qpc(console, ns.path)  # noqa: E731
+    try:
+        return runner()
+    except (QaicError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
