@@ -1,0 +1,74 @@
+"""``python -m qaic_vllm.bench --out DIR [--quick]``: measure, then write report.json/.md/.png."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from qaic_vllm.bench.settings import DEFAULT_PACE_AS, BenchSettings
+
+log = logging.getLogger("qaic.bench")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m qaic_vllm.bench", description=__doc__)
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for report.json, report.md, report.png"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer, shorter requests: a few minutes on 2 cores"
+    )
+    parser.add_argument(
+        "--pace-as",
+        default=DEFAULT_PACE_AS,
+        help=f"realistic shape the simulator is paced to in part 1 (QAIC_SIM_PACE_AS; default {DEFAULT_PACE_AS})",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a local Hugging Face model directory (default: the default model)",
+    )
+    parser.add_argument(
+        "--dtype", choices=("float32", "float16"), default="float32", help="model dtype for all runs"
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    from qaic_vllm.bench.report import validate, write_report
+    from qaic_vllm.bench.run import Runner
+
+    settings = BenchSettings.quick(args.pace_as) if args.quick else BenchSettings.full(args.pace_as)
+    if args.model is not None:
+        if not (args.model / "config.json").is_file():
+            print(
+                f"error: --model {args.model} has no config.json: give a local Hugging Face model directory",
+                file=sys.stderr,
+            )
+            return 2
+        model = args.model.resolve()
+    else:
+        from qaic_vllm.default_model import ensure_default_model
+
+        model = ensure_default_model()
+    out = args.out.resolve()
+    report = Runner(settings, out, model, args.dtype).run()
+    paths = write_report(report, out)
+    print(f"report written to {paths['json']}, {paths['md']} and {paths['png']}")
+    problems = validate(report.document())
+    if problems:
+        print("the report is incomplete:\n  " + "\n  ".join(problems), file=sys.stderr)
+        for key, err in report.errors.items():
+            print(f"  {key}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The machine and the source revision a report was measured on, so figures can be compared."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _memory_gib() -> float:
+    try:
+        import psutil
+
+        return round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, usable cores, memory (GiB) and the versions that shape the figures."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+    return {
+        "cpu": _cpu_name(),
+        "cores": cores,
+        "memory": f"{_memory_gib()} GiB",
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "vllm": _version("vllm"),
+    }
+
+
+def git_commit(root: Path | None = None) -> tuple[str, bool]:
+    """The checked-out commit sha and whether tracked files differ from it; ``unknown`` outside git."""
+    cwd = root or Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+    return sha, bool(dirty)

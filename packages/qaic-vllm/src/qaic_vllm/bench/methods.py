@@ -1,0 +1,65 @@
+"""How each figure was measured, in words, for report.md (filled with this run's settings)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from qaic_vllm.bench.settings import BenchSettings
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def describe(s: BenchSettings, dtype: str, results: Mapping[str, Any]) -> dict[str, str]:
+    """One paragraph per report key."""
+    workload = (
+        f"{s.num_prompts} requests of {s.input_len} prompt tokens and exactly {s.output_len} output tokens "
+        f"(`--ignore-eos`), at most {s.batch} in flight, on a program compiled for `--max-num-seqs {s.batch} "
+        f"--max-model-len {s.max_model_len} --long-prefill-token-threshold {s.prefill_seq_len} --dtype {dtype}`"
+    )
+    raw = results.get("raw_paced") or {}
+    paced = results.get("serve_paced") or {}
+    unpaced = results.get("serve_unpaced") or {}
+    hf = results.get("hf") or {}
+    host = {k: v for k, v in results.items() if k.startswith("host_")}
+    host_rows = ", ".join(
+        f"batch {v['batch']}: {v['steps']} steps, device {_f(v['device_us'], 0)} µs/step"
+        for v in host.values()
+    )
+    return {
+        "stack_overhead": (
+            f"`vllm serve` of the default model on the simulator, paced with `QAIC_SIM_PACE=1 "
+            f"QAIC_SIM_PACE_AS={s.pace_as}` (each run takes the modelled device time of that shape on one "
+            f"{s.topology} SoC while the small model is computed), measured by `vllm bench serve --backend openai "
+            f"--dataset-name random`: {workload}. serve tok/s is its `output_throughput` "
+            f"({paced.get('total_output_tokens', '?')} tokens in {_f(paced.get('duration', '?'))} s). The raw loop is "
+            f"`qaic_aot.CausalLM.generate` (greedy, continuous batching over the same KV slots) on the same QPC "
+            f"with the same pacing, prompt lengths and output length ({raw.get('tokens', '?')} tokens in "
+            f"{_f(raw.get('seconds', '?'))} s). ratio = serve / raw; 1.0 means the stack adds nothing to device time."
+        ),
+        "host_overhead_us": (
+            "vLLM's engine in-process (`LLM`, `VLLM_ENABLE_V1_MULTIPROCESSING=0`, no pacing) with "
+            f"`--max-num-seqs` = batch, {s.host_input_len}-token prompts, {s.host_output_len} output tokens each. "
+            "Every `QAICInferenceSession.submit` and `RunHandle.wait` is timed; a step's host time is the wall "
+            "time of `LLMEngine.step()` (scheduling, input preparation, sampling, output processing and "
+            "detokenization) minus the time spent in those session calls. Reported: the median over decode-only "
+            f"steps with every slot busy ({host_rows or 'n/a'})."
+        ),
+        "hf_baseline": (
+            f"transformers `generate` (greedy, {dtype}, {hf.get('threads', '?')} torch threads) on the same model, "
+            f"the same prompt lengths and output length in batches of {s.batch}, against the unpaced `vllm serve` "
+            f"run of the same workload ({_f(unpaced.get('output_throughput', '?'))} tok/s). ratio = serve / "
+            "transformers: both compute the small model on this CPU, so this compares the stacks, not devices."
+        ),
+        "timing_model": (
+            "`qaic_sim.fidelity.fidelity_rows()`: the simulator's roofline timing model against every published "
+            "Cloud AI 100 decode rate (batch 1, prompt 1024, generate 1024, ctx 2048). Computed, not timed."
+        ),
+        "startup_s": (
+            "Seconds from launching `vllm serve` until both `/health` and `/v1/models` answer. First: an empty "
+            "`QEFF_HOME`, so the model is exported to ONNX and compiled. Cached: a second start with the same "
+            "`QEFF_HOME`, which reuses the QPC. Both unpaced."
+        ),
+    }

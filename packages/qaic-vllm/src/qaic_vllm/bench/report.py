@@ -1,0 +1,175 @@
+"""The benchmark report: one JSON document with a fixed shape, and the same figures as Markdown."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPORT_KEYS = (
+    "stack_overhead",
+    "host_overhead_us",
+    "hf_baseline",
+    "timing_model",
+    "startup_s",
+    "machine",
+    "commit",
+)
+"""Top-level keys of report.json, exactly these."""
+
+SECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "stack_overhead": ("serve_tok_s", "raw_tok_s", "ratio"),
+    "host_overhead_us": ("1", "8", "32"),
+    "hf_baseline": ("tok_s", "ratio"),
+    "startup_s": ("first", "cached"),
+    "machine": ("cpu", "cores", "memory", "python", "torch", "vllm"),
+}
+TIMING_ROW_KEYS = ("card", "model", "precision", "published_tok_s", "modelled_tok_s", "error_pct")
+HOST_BATCHES = (1, 8, 32)
+TITLES = {
+    "stack_overhead": "1. Stack overhead (paced serve vs raw session loop)",
+    "host_overhead_us": "2. Host overhead per decode step",
+    "hf_baseline": "3. transformers baseline",
+    "timing_model": "4. Timing-model fidelity",
+    "startup_s": "5. Start-up",
+}
+
+
+@dataclass
+class BenchReport:
+    """Figures by report key, plus the method and settings of each part for the Markdown."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    methods: dict[str, str] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    dirty: bool = False
+
+    def document(self) -> dict[str, Any]:
+        """report.json: every key in REPORT_KEYS, None for a part that failed."""
+        return {key: self.data.get(key) for key in REPORT_KEYS}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate(doc: Mapping[str, Any]) -> list[str]:
+    """Every way ``doc`` falls short of the report shape; empty when it is complete."""
+    problems: list[str] = []
+    if set(doc) != set(REPORT_KEYS):
+        problems.append(f"top-level keys {sorted(doc)} differ from {sorted(REPORT_KEYS)}")
+    for key, wanted in SECTION_KEYS.items():
+        section = doc.get(key)
+        if not isinstance(section, Mapping):
+            problems.append(f"{key} is missing")
+            continue
+        if set(section) != set(wanted):
+            problems.append(f"{key} has keys {sorted(section)}, expected {sorted(wanted)}")
+        for name in wanted:
+            if key != "machine" and not _is_number(section.get(name)):
+                problems.append(f"{key}.{name} is not a number: {section.get(name)!r}")
+    rows = doc.get("timing_model")
+    if not isinstance(rows, Sequence) or isinstance(rows, str) or not rows:
+        problems.append("timing_model has no rows")
+    else:
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping) or set(row) != set(TIMING_ROW_KEYS):
+                problems.append(f"timing_model[{i}] must have keys {list(TIMING_ROW_KEYS)}")
+            elif not all(_is_number(row[k]) for k in ("published_tok_s", "modelled_tok_s", "error_pct")):
+                problems.append(f"timing_model[{i}] has a non-numeric figure")
+    commit = doc.get("commit")
+    if not isinstance(commit, str) or not commit:
+        problems.append("commit is missing")
+    return problems
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, rounded for the report; NaN when the denominator is not positive."""
+    return round(numerator / denominator, 3) if denominator > 0 else math.nan
+
+
+def median_abs_error(rows: Sequence[Mapping[str, Any]]) -> float:
+    """The median of |error_pct| over the timing-model rows."""
+    return round(statistics.median(abs(float(r["error_pct"])) for r in rows), 2)
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _section_lines(report: BenchReport, key: str) -> list[str]:
+    value = report.data.get(key)
+    if value is None:
+        return [f"**Not measured:** {report.errors.get(key, 'no result')}"]
+    if key == "stack_overhead":
+        return _table(
+            ["serve tok/s", "raw session tok/s", "ratio serve/raw"],
+            [[value["serve_tok_s"], value["raw_tok_s"], value["ratio"]]],
+        )
+    if key == "host_overhead_us":
+        return _table(["batch", "host µs per decode step"], [[b, value[b]] for b in sorted(value, key=int)])
+    if key == "hf_baseline":
+        return _table(
+            ["transformers generate tok/s", "ratio serve (unpaced) / transformers"],
+            [[value["tok_s"], value["ratio"]]],
+        )
+    if key == "startup_s":
+        return _table(
+            ["first start s (export + compile)", "cached start s"], [[value["first"], value["cached"]]]
+        )
+    if key == "timing_model":
+        rows = [[r[k] for k in TIMING_ROW_KEYS] for r in value]
+        lines = _table(["card", "model", "precision", "published tok/s", "modelled tok/s", "error %"], rows)
+        return [*lines, "", f"Median absolute error: **{median_abs_error(value)} %** over {len(value)} rows."]
+    raise KeyError(key)
+
+
+def render_markdown(report: BenchReport) -> str:
+    """report.md: the machine, then one section per part with its figures and how they were taken."""
+    doc = report.document()
+    machine = doc.get("machine") or {}
+    commit = doc.get("commit") or "unknown"
+    lines = [
+        "# qaic benchmark report",
+        "",
+        f"Commit `{commit}`" + (" (with uncommitted changes)" if report.dirty else "") + ".",
+        "",
+        *_table(
+            ["cpu", "cores", "memory", "python", "torch", "vllm"],
+            [[machine.get(k) for k in SECTION_KEYS["machine"]]],
+        ),
+    ]
+    for key, title in TITLES.items():
+        lines += ["", f"## {title}", "", *_section_lines(report, key)]
+        if report.methods.get(key):
+            lines += ["", report.methods[key]]
+    if report.details:
+        lines += ["", "## Settings", "", "```json", json.dumps(report.details, indent=2, default=str), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: BenchReport, out_dir: Path) -> dict[str, Path]:
+    """Write report.json, report.md and report.png into ``out_dir``; return their paths."""
+    from qaic_vllm.bench.plot import write_plot
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "png": out_dir / "report.png"}
+    paths["json"].write_text(json.dumps(report.document(), indent=2) + "\n")
+    paths["md"].write_text(render_markdown(report))
+    write_plot(report.document(), paths["png"])
+    return paths

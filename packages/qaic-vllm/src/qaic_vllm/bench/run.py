@@ -1,0 +1,190 @@
+"""Runs the five benchmark parts in order and collects their figures into one report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from qaic_vllm.bench import methods
+from qaic_vllm.bench.child import run_in_child
+from qaic_vllm.bench.machine import git_commit, machine_info
+from qaic_vllm.bench.report import BenchReport, ratio
+from qaic_vllm.bench.server import VllmServer, bench_serve
+from qaic_vllm.bench.settings import BenchSettings
+
+log = logging.getLogger("qaic.bench")
+
+PACE_VARS = ("QAIC_SIM_PACE", "QAIC_SIM_PACE_AS")
+
+
+def bench_env(qeff_home: Path, topology: str, pace_as: str | None = None) -> dict[str, str]:
+    """The environment of every measured process: simulator backend, own QEFF_HOME, pacing or none."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in PACE_VARS and k != "VLLM_ENABLE_V1_MULTIPROCESSING"
+    }
+    env.update(
+        QAIC_BACKEND="sim",
+        HF_HUB_OFFLINE="1",
+        QEFF_HOME=str(qeff_home),
+        QAIC_SIM_TOPOLOGY=topology,
+        TOKENIZERS_PARALLELISM="false",
+    )
+    if pace_as:
+        env.update(QAIC_SIM_PACE="1", QAIC_SIM_PACE_AS=pace_as)
+    return env
+
+
+class Runner:
+    """Holds the run's settings, paths and report; each ``part_*`` fills one report key."""
+
+    def __init__(self, settings: BenchSettings, out_dir: Path, model: Path, dtype: str = "float32") -> None:
+        self.s = settings
+        self.out = out_dir
+        self.work = out_dir / "work"
+        self.model = model
+        self.dtype = dtype
+        self.qeff_home = self.work / "qeff_home"
+        self.env = bench_env(self.qeff_home, settings.topology)
+        self.paced_env = bench_env(self.qeff_home, settings.topology, settings.pace_as)
+        self.report = BenchReport()
+        self.results: dict[str, Any] = {}
+
+    @contextmanager
+    def part(self, key: str, title: str) -> Iterator[None]:
+        """Log a part's start and end; a failure is recorded in the report instead of stopping the run."""
+        log.info("== %s", title)
+        t0 = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:  # a part that fails must not lose the others' figures
+            log.exception("%s failed", title)
+            self.report.errors[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        finally:
+            log.info("== %s: %.1f s", title, time.perf_counter() - t0)
+
+    def _server(self, name: str, env: Mapping[str, str]) -> VllmServer:
+        return VllmServer(
+            self.model, self.s.serve_shape, env, self.work / f"{name}.log", extra_args=("--dtype", self.dtype)
+        )
+
+    def part_startup_and_unpaced(self) -> None:
+        """Start-up (first with an empty QEFF_HOME, then cached) and the unpaced serve throughput."""
+        shutil.rmtree(self.qeff_home, ignore_errors=True)
+        self.qeff_home.mkdir(parents=True)
+        with self._server("serve-first", self.env) as server:
+            first = server.start()
+            log.info("first start (export + compile): %.1f s", first)
+            self.results["serve_unpaced"] = bench_serve(
+                server, self.s.workload, self.work, "serve-unpaced", self.env
+            )
+        with self._server("serve-cached", self.env) as server:
+            cached = server.start()
+            log.info("cached start: %.1f s", cached)
+        self.report.data["startup_s"] = {"first": round(first, 2), "cached": round(cached, 2)}
+
+    def part_stack(self) -> None:
+        """Paced ``vllm serve`` under ``vllm bench serve`` against the raw session loop."""
+        with self._server("serve-paced", self.paced_env) as server:
+            server.start()
+            paced = bench_serve(server, self.s.workload, self.work, "serve-paced", self.paced_env)
+        self.results["serve_paced"] = paced
+        raw = run_in_child(
+            "raw",
+            {
+                "model": str(self.model),
+                "shape": vars(self.s.serve_shape),
+                "dtype": self.dtype,
+                "qeff_home": str(self.qeff_home),
+                "input_lens": paced["input_lens"],
+                "output_len": self.s.output_len,
+            },
+            self.paced_env,
+            self.work / "raw",
+        )
+        self.results["raw_paced"] = raw
+        serve_tok_s = float(paced["output_throughput"])
+        self.report.data["stack_overhead"] = {
+            "serve_tok_s": round(serve_tok_s, 2),
+            "raw_tok_s": round(raw["tok_s"], 2),
+            "ratio": ratio(serve_tok_s, raw["tok_s"]),
+        }
+
+    def part_hf(self) -> None:
+        """transformers ``generate`` on the unpaced run's prompt lengths, batch and output length."""
+        unpaced = self.results.get("serve_unpaced")
+        if unpaced is None:
+            raise RuntimeError("the unpaced serve run did not complete, so there is nothing to compare with")
+        hf = run_in_child(
+            "hf",
+            {
+                "model": str(self.model),
+                "input_lens": unpaced["input_lens"],
+                "output_len": self.s.output_len,
+                "batch": self.s.batch,
+                "dtype": self.dtype,
+            },
+            self.env,
+            self.work / "hf",
+        )
+        self.results["hf"] = hf
+        serve_tok_s = float(unpaced["output_throughput"])
+        self.report.data["hf_baseline"] = {
+            "tok_s": round(hf["tok_s"], 2),
+            "ratio": ratio(serve_tok_s, hf["tok_s"]),
+        }
+
+    def part_host(self) -> None:
+        """Host microseconds per decode step for each batch, in-process engine, device time subtracted."""
+        figures: dict[str, float] = {}
+        for batch in self.s.host_batches:
+            res = run_in_child(
+                "host",
+                {
+                    "model": str(self.model),
+                    "shape": vars(self.s.host_shape(batch)),
+                    "dtype": self.dtype,
+                    "input_len": self.s.host_input_len,
+                    "output_len": self.s.host_output_len,
+                },
+                self.env,
+                self.work / f"host-{batch}",
+            )
+            self.results[f"host_{batch}"] = res
+            figures[str(batch)] = round(res["host_us"], 1)
+            log.info(
+                "batch %d: %.0f µs host per decode step (device %.0f µs)",
+                batch,
+                res["host_us"],
+                res["device_us"],
+            )
+        self.report.data["host_overhead_us"] = figures
+
+    def part_timing_model(self) -> None:
+        """The simulator's timing model against every published decode figure."""
+        from qaic_sim.fidelity import fidelity_rows
+
+        keys = ("card", "model", "precision", "published_tok_s", "modelled_tok_s", "error_pct")
+        self.report.data["timing_model"] = [{k: row[k] for k in keys} for row in fidelity_rows()]
+
+    def run(self) -> BenchReport:
+        self.report.data["machine"] = machine_info()
+        self.report.data["commit"], self.report.dirty = git_commit()
+        parts: list[tuple[str, str, Callable[[], None]]] = [
+            ("timing_model", "4. timing-model fidelity", self.part_timing_model),
+            ("startup_s", "5. start-up, and the unpaced serve run", self.part_startup_and_unpaced),
+            ("stack_overhead", "1. stack overhead (paced)", self.part_stack),
+            ("hf_baseline", "3. transformers baseline", self.part_hf),
+            ("host_overhead_us", "2. host overhead per decode step", self.part_host),
+        ]
+        for key, title, fn in parts:
+            with self.part(key, title):
+                fn()
+        self.report.methods = methods.describe(self.s, self.dtype, self.results)
+        self.report.details = {"settings": self.s.to_dict(), "dtype": self.dtype, "model": str(self.model)}
+        return self.report

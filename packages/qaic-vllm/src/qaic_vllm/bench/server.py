@@ -1,0 +1,237 @@
+"""A real ``vllm serve`` process for the benchmarks, and ``vllm bench serve`` run against it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger("qaic.bench")
+
+
+def vllm_command() -> list[str]:
+    """The ``vllm`` CLI of the running interpreter's environment."""
+    script = Path(sys.executable).parent / "vllm"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServeShape:
+    """The engine arguments that decide the compiled program: batch, context and prefill chunk."""
+
+    max_num_seqs: int
+    max_model_len: int
+    prefill_seq_len: int
+
+    def args(self) -> list[str]:
+        return [
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--long-prefill-token-threshold",
+            str(self.prefill_seq_len),
+        ]
+
+
+@dataclass
+class VllmServer:
+    """``vllm serve MODEL`` in its own process group; ``start()`` returns seconds until /health answered."""
+
+    model: Path
+    shape: ServeShape
+    env: Mapping[str, str]
+    log_path: Path
+    timeout_s: float = 900.0
+    extra_args: Sequence[str] = field(default_factory=tuple)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> float:
+        """Launch the server and wait until /health and /v1/models both answer; the elapsed seconds."""
+        cmd = [
+            *vllm_command(),
+            "serve",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.shape.args(),
+            *self.extra_args,
+        ]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting %s (log: %s)", " ".join(cmd), self.log_path)
+        handle = self.log_path.open("wb")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            cmd, stdout=handle, stderr=subprocess.STDOUT, env=dict(self.env), start_new_session=True
+        )
+        handle.close()
+        while True:
+            elapsed = time.perf_counter() - t0
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vllm serve exited with code {self.proc.returncode} before answering /health; "
+                    f"see {self.log_path}:\n{tail(self.log_path)}"
+                )
+            if elapsed > self.timeout_s:
+                self.stop()
+                raise TimeoutError(
+                    f"vllm serve did not answer /health within {self.timeout_s:.0f} s; see {self.log_path}"
+                )
+            if _ok(f"{self.base_url}/health") and _ok(f"{self.base_url}/v1/models"):
+                return time.perf_counter() - t0
+            time.sleep(0.1)
+
+    def served_model(self) -> str:
+        """The model id the server lists first (what requests must name)."""
+        with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=10) as resp:
+            return str(json.load(resp)["data"][0]["id"])
+
+    def stop(self) -> None:
+        """SIGINT the server's process group, then SIGKILL it if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                log.warning("vllm serve (pid %d) ignored %s", self.proc.pid, sig.name)
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a log file, for error messages."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests of the throughput runs: fixed prompt and output lengths, ``concurrency`` in flight."""
+
+    input_len: int
+    output_len: int
+    num_prompts: int
+    concurrency: int
+    seed: int = 0
+
+
+def bench_serve(
+    server: VllmServer,
+    workload: Workload,
+    result_dir: Path,
+    name: str,
+    env: Mapping[str, str],
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    """Run ``vllm bench serve`` (random dataset, ignore EOS) against ``server``; its saved JSON result."""
+    result_dir.mkdir(parents=True, exist_ok=True)
+    filename = f"{name}.json"
+    cmd = [
+        *vllm_command(),
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--model",
+        server.served_model(),
+        "--tokenizer",
+        str(server.model),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(workload.input_len),
+        "--random-output-len",
+        str(workload.output_len),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(workload.num_prompts),
+        "--max-concurrency",
+        str(workload.concurrency),
+        "--num-warmups",
+        str(workload.concurrency),
+        "--ignore-eos",
+        "--seed",
+        str(workload.seed),
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        filename,
+    ]
+    log_path = result_dir / f"{name}.log"
+    log.info(
+        "running vllm bench serve: %d prompts, %d in flight (log: %s)",
+        workload.num_prompts,
+        workload.concurrency,
+        log_path,
+    )
+    with log_path.open("wb") as handle:
+        proc = subprocess.run(
+            cmd, stdout=handle, stderr=subprocess.STDOUT, env=dict(env), timeout=timeout_s, check=False
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"vllm bench serve failed with code {proc.returncode}; see {log_path}:\n{tail(log_path)}"
+        )
+    result: dict[str, Any] = json.loads((result_dir / filename).read_text())
+    if result.get("completed") != workload.num_prompts or result.get("failed"):
+        raise RuntimeError(
+            f"vllm bench serve completed {result.get('completed')} of {workload.num_prompts} requests "
+            f"({result.get('failed')} failed); see {server.log_path}"
+        )
+    return result
