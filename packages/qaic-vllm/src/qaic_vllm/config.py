@@ -1,0 +1,168 @@
+"""Engine arguments -> compile settings, with vllm-qaic's meanings and errors that name the flag."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qaic_core.errors import QaicConfigError
+from qaic_core.settings import MAX_CORES_PER_SOC, CompileSettings
+from qaic_vllm import envs
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+log = logging.getLogger("qaic.vllm")
+
+DEFAULT_PREFILL_SEQ_LEN = 128
+OVERRIDE_KEY = "override_qaic_config"
+OVERRIDE_KEYS = frozenset(
+    {
+        "num_cores",
+        "num_devices",
+        "device_group",
+        "mos",
+        "aic_enable_depth_first",
+        "dfs",
+        "qpc_path",
+        "compiler_args",
+        "mxfp6",
+        "mxint8",
+    }
+)
+MXINT8_CACHE_DTYPES = frozenset({"mxint8", "fp8", "fp8_e4m3", "fp8_e5m2"})
+"""KV cache dtypes that select an mxint8 KV cache (vllm-qaic maps fp8 to mxint8)."""
+DTYPES = {"float32": False, "float16": True}
+"""Model dtype -> whether the program is compiled with -convert-to-fp16."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the worker compiles and runs: the compile settings and a prebuilt QPC, if any."""
+
+    compile: CompileSettings
+    qpc_path: Path | None
+    dtype: str
+
+
+def prefill_seq_len_of(long_prefill_token_threshold: int | None, max_model_len: int) -> int:
+    """``--long-prefill-token-threshold`` is the prefill chunk; 128 when unset, never above ctx_len."""
+    value = long_prefill_token_threshold or DEFAULT_PREFILL_SEQ_LEN
+    return min(value, max_model_len)
+
+
+def _overrides(vllm_config: VllmConfig) -> dict[str, Any]:
+    additional = vllm_config.additional_config or {}
+    if not isinstance(additional, dict):
+        raise QaicConfigError("--additional-config must be a JSON object")
+    raw = additional.get(OVERRIDE_KEY) or {}
+    if not isinstance(raw, dict):
+        raise QaicConfigError(
+            f"--additional-config {OVERRIDE_KEY} must be a JSON object such as "
+            '\'{"override_qaic_config": {"num_cores": 16}}\''
+        )
+    unknown = sorted(set(raw) - OVERRIDE_KEYS)
+    if unknown:
+        raise QaicConfigError(
+            f"--additional-config {OVERRIDE_KEY} has unknown keys {unknown}; "
+            f"known keys: {', '.join(sorted(OVERRIDE_KEYS))}"
+        )
+    merged = envs.overrides_from_env()
+    merged.update(raw)
+    return merged
+
+
+def _int_setting(values: dict[str, Any], key: str, source: str) -> int | None:
+    value = values.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            return int(str(value))
+        except ValueError:
+            raise QaicConfigError(f"{source} {key}={value!r} is not an integer") from None
+    return value
+
+
+def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
+    """Build (and so validate) the compile settings the engine arguments describe."""
+    model_config = vllm_config.model_config
+    sched = vllm_config.scheduler_config
+    source = f"--additional-config {OVERRIDE_KEY} (or VLLM_QAIC_* variables)"
+    values = _overrides(vllm_config)
+
+    ctx_len = int(model_config.max_model_len)
+    full_batch_size = int(sched.max_num_seqs)
+    if full_batch_size < 1:
+        raise QaicConfigError(f"--max-num-seqs ({full_batch_size}) must be >= 1 (it is full_batch_size)")
+    threshold = int(sched.long_prefill_token_threshold or 0)
+    if threshold < 0:
+        raise QaicConfigError(f"--long-prefill-token-threshold ({threshold}) must be >= 0")
+    prefill_seq_len = prefill_seq_len_of(threshold, ctx_len)
+
+    num_cores = _int_setting(values, "num_cores", source)
+    if num_cores is not None and not 1 <= num_cores <= MAX_CORES_PER_SOC:
+        raise QaicConfigError(
+            f"num_cores={num_cores} is out of range: set {source} num_cores to 1..{MAX_CORES_PER_SOC} "
+            "(NSP cores per SoC)"
+        )
+    num_devices = _int_setting(values, "num_devices", source)
+    mos = _int_setting(values, "mos", source)
+    if mos is not None and mos < 1:
+        raise QaicConfigError(f"mos={mos} must be >= 1: fix {source} mos")
+
+    dtype = str(model_config.dtype).removeprefix("torch.")
+    if dtype not in DTYPES:
+        raise QaicConfigError(f"--dtype {dtype} is not supported on Cloud AI: use --dtype float16 or float32")
+
+    quantization = model_config.quantization
+    if quantization not in (None, "mxfp6"):
+        raise QaicConfigError(
+            f"--quantization {quantization} is not supported on Cloud AI: use --quantization mxfp6 or none"
+        )
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype not in MXINT8_CACHE_DTYPES | {"auto", "float16", "float32"}:
+        raise QaicConfigError(
+            f"--kv-cache-dtype {cache_dtype} is not supported on Cloud AI: use auto or mxint8 (fp8 maps to mxint8)"
+        )
+
+    compiler_args = values.get("compiler_args") or ()
+    if isinstance(compiler_args, str):
+        compiler_args = tuple(compiler_args.split())
+    kwargs: dict[str, Any] = {
+        "prefill_seq_len": prefill_seq_len,
+        "ctx_len": ctx_len,
+        "batch_size": 1,
+        "full_batch_size": full_batch_size,
+        "mxfp6": bool(values.get("mxfp6", quantization == "mxfp6")),
+        "mxint8": bool(values.get("mxint8", cache_dtype in MXINT8_CACHE_DTYPES)),
+        "aic_enable_depth_first": bool(values.get("aic_enable_depth_first", values.get("dfs", False))),
+        "convert_to_fp16": DTYPES[dtype],
+        "compiler_args": tuple(str(a) for a in compiler_args),
+    }
+    if num_cores is not None:
+        kwargs["num_cores"] = num_cores
+    if num_devices is not None:
+        kwargs["num_devices"] = num_devices
+    if mos is not None:
+        kwargs["mos"] = mos
+    if values.get("device_group") is not None:
+        group = values["device_group"]
+        kwargs["device_group"] = group
+        if num_devices is None:
+            kwargs["num_devices"] = len(group.split(",") if isinstance(group, str) else group)
+    try:
+        settings = CompileSettings.from_mapping(kwargs)
+    except QaicConfigError as exc:
+        raise QaicConfigError(f"invalid Cloud AI settings from the engine arguments: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise QaicConfigError(f"invalid {source}: {exc}") from exc
+    qpc_raw = values.get("qpc_path")
+    qpc_path = Path(str(qpc_raw)).expanduser() if qpc_raw else None
+    if qpc_path is not None and not qpc_path.exists():
+        raise QaicConfigError(
+            f"qpc_path {qpc_path} does not exist: fix {source} qpc_path / VLLM_QAIC_QPC_PATH or unset it to compile"
+        )
+    return EngineSettings(compile=settings, qpc_path=qpc_path, dtype=dtype)

@@ -1,0 +1,224 @@
+"""The AOT model runner: vLLM's scheduler diff in, one static-shape program step out.
+
+State persists per request (keyed by req_id) as in vLLM's V2 runners. Each request owns KV slot
+``block_id - 1`` (one block of ``max_model_len`` tokens per sequence). A step runs all decoding
+requests as ONE full-batch decode (unused rows get position -1) and at most one prefill chunk;
+the two are submitted on separate exec objects so they are in flight together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+
+from qaic_vllm.sampling import HostSampler
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+log = logging.getLogger("qaic.vllm.runner")
+
+
+@dataclass
+class RequestState:
+    """What the runner keeps per request between steps."""
+
+    req_id: str
+    slot: int
+    prompt_len: int
+    token_ids: list[int]
+    num_computed: int
+    params: SamplingParams | None
+    outputs: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepPlan:
+    """One step's device work: decode rows (slot -> token, position) and prefill chunks."""
+
+    decode: dict[int, tuple[int, int]] = field(default_factory=dict)
+    decode_reqs: list[str] = field(default_factory=list)
+    prefill: list[tuple[str, list[int], int]] = field(default_factory=list)
+    sample_reqs: list[str] = field(default_factory=list)
+
+
+class AotModelRunner:
+    """Drives a ``qaic_aot.CausalLM`` from SchedulerOutputs and samples on the host."""
+
+    def __init__(self, vllm_config: VllmConfig, lm: Any) -> None:
+        self.vllm_config = vllm_config
+        self.lm = lm
+        self.full_batch_size = int(lm.full_batch_size)
+        self.prefill_seq_len = int(lm.prefill_seq_len)
+        self.ctx_len = int(lm.ctx_len)
+        self.vocab_size = int(lm.vocab_size)
+        self.requests: dict[str, RequestState] = {}
+        self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
+        self.step_count = 0
+        self.max_running_seen = 0
+
+    # -- request bookkeeping ----------------------------------------------------------------
+    def _remove(self, req_id: str) -> None:
+        state = self.requests.pop(req_id, None)
+        if state is not None:
+            self.sampler.remove_request(state.slot)
+
+    def _add_new(self, new_reqs: list[Any]) -> None:
+        for new in new_reqs:
+            self._remove(new.req_id)
+            block_ids = new.block_ids[0] if new.block_ids else []
+            if not block_ids:
+                raise RuntimeError(f"request {new.req_id} came without a KV block; cannot pick a slot")
+            slot = int(block_ids[0]) - 1
+            if not 0 <= slot < self.full_batch_size:
+                raise RuntimeError(
+                    f"request {new.req_id} got block {block_ids[0]}, outside the {self.full_batch_size} KV slots"
+                )
+            tokens = list(new.prefill_token_ids or new.prompt_token_ids or [])
+            prompt_len = len(new.prompt_token_ids or tokens)
+            state = RequestState(
+                req_id=new.req_id,
+                slot=slot,
+                prompt_len=prompt_len,
+                token_ids=tokens,
+                num_computed=int(new.num_computed_tokens),
+                params=new.sampling_params,
+            )
+            self.requests[new.req_id] = state
+            if new.sampling_params is not None:
+                self.sampler.add_request(slot, prompt_len, tokens, new.sampling_params)
+
+    def _update_cached(self, cached: Any) -> None:
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests.get(req_id)
+            if state is None:
+                continue
+            state.num_computed = int(cached.num_computed_tokens[i])
+            new_tokens = cached.new_token_ids[i] if i < len(cached.new_token_ids) else []
+            if new_tokens:
+                # Only sent when the runner did not sample them itself (pipeline parallel).
+                state.token_ids.extend(t for t in new_tokens if t is not None)
+
+    def update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            self._remove(req_id)
+        for req_id in so.preempted_req_ids or ():
+            self._remove(req_id)
+        self._add_new(so.scheduled_new_reqs)
+        self._update_cached(so.scheduled_cached_reqs)
+
+    # -- planning and running ---------------------------------------------------------------
+    def plan(self, so: SchedulerOutput) -> StepPlan:
+        plan = StepPlan()
+        for req_id, n in so.num_scheduled_tokens.items():
+            state = self.requests[req_id]
+            start = state.num_computed
+            end = start + int(n)
+            if end > len(state.token_ids):
+                raise RuntimeError(
+                    f"request {req_id}: scheduled up to token {end} but only {len(state.token_ids)} are known"
+                )
+            if end > self.ctx_len:
+                raise RuntimeError(f"request {req_id} would pass ctx_len {self.ctx_len}")
+            if n == 1 and end == len(state.token_ids) and start > 0:
+                plan.decode[state.slot] = (state.token_ids[start], start)
+                plan.decode_reqs.append(req_id)
+            else:
+                for off in range(start, end, self.prefill_seq_len):
+                    stop = min(off + self.prefill_seq_len, end)
+                    plan.prefill.append((req_id, state.token_ids[off:stop], off))
+            if end == len(state.token_ids):
+                plan.sample_reqs.append(req_id)
+        return plan
+
+    def run(self, plan: StepPlan) -> dict[str, np.ndarray]:
+        """Run the step on the device; returns the logits row of each request that samples."""
+        logits: dict[str, np.ndarray] = {}
+        decode_handle = None
+        if plan.decode:
+            submit = getattr(self.lm, "submit_decode", None)
+            decode_handle = submit(plan.decode) if submit is not None and plan.prefill else None
+            if decode_handle is None:
+                rows = self.lm.decode(plan.decode)
+                self._take_decode(plan, rows, logits)
+        for req_id, tokens, start in plan.prefill:
+            row = self.lm.prefill_chunk(self.requests[req_id].slot, tokens, start)
+            if row is not None:
+                logits[req_id] = np.asarray(row)
+        if decode_handle is not None:
+            self._take_decode(plan, decode_handle.wait(), logits)
+        return logits
+
+    def _take_decode(
+        self, plan: StepPlan, rows: Mapping[int, np.ndarray], out: dict[str, np.ndarray]
+    ) -> None:
+        for req_id in plan.decode_reqs:
+            out[req_id] = np.asarray(rows[self.requests[req_id].slot])
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.update_states(so)
+        req_ids = list(so.num_scheduled_tokens)
+        if not req_ids:
+            return ModelRunnerOutput(req_ids=[])
+        self.step_count += 1
+        self.max_running_seen = max(self.max_running_seen, len(self.requests))
+        plan = self.plan(so)
+        logits = self.run(plan)
+        for req_id, n in so.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed += int(n)
+        sampled = self._sample(plan, logits)
+        index = {r: i for i, r in enumerate(req_ids)}
+        tokens: list[list[int]] = [[] for _ in req_ids]
+        for req_id, token in sampled[0].items():
+            tokens[index[req_id]] = [token]
+        return ModelRunnerOutput(
+            req_ids=req_ids, sampled_token_ids=tokens, logprobs=self._logprobs(req_ids, sampled[1])
+        )
+
+    def _sample(
+        self, plan: StepPlan, logits: dict[str, np.ndarray]
+    ) -> tuple[dict[str, int], dict[str, tuple[np.ndarray, np.ndarray, int]]]:
+        reqs = [r for r in plan.sample_reqs if self.requests[r].params is not None]
+        if not reqs:
+            return {}, {}
+        batch = torch.from_numpy(np.stack([logits[r].reshape(-1)[: self.vocab_size] for r in reqs]))
+        slots = [self.requests[r].slot for r in reqs]
+        positions = [len(self.requests[r].token_ids) for r in reqs]
+        tokens, lp = self.sampler.sample(batch, slots, positions)
+        out: dict[str, int] = {}
+        lp_rows: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
+        for i, req_id in enumerate(reqs):
+            state = self.requests[req_id]
+            state.token_ids.append(tokens[i])
+            state.outputs += 1
+            self.sampler.append_token(state.slot, tokens[i])
+            out[req_id] = tokens[i]
+            if lp is not None:
+                lp_rows[req_id] = (lp.logprob_token_ids[i], lp.logprobs[i], int(lp.sampled_token_ranks[i]))
+        return out, lp_rows
+
+    def _logprobs(
+        self, req_ids: list[str], rows: dict[str, tuple[np.ndarray, np.ndarray, int]]
+    ) -> LogprobsLists | None:
+        if not rows:
+            return None
+        width = max(len(ids) for ids, _, _ in rows.values())
+        ids = np.zeros((len(req_ids), width), dtype=np.int64)
+        vals = np.full((len(req_ids), width), float("-inf"), dtype=np.float32)
+        ranks = np.zeros(len(req_ids), dtype=np.int64)
+        for i, req_id in enumerate(req_ids):
+            if req_id in rows:
+                tok, lp, rank = rows[req_id]
+                ids[i, : len(tok)] = tok
+                vals[i, : len(lp)] = lp
+                ranks[i] = rank
+        return LogprobsLists(ids, vals, ranks)

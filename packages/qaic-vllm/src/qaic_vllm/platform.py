@@ -1,0 +1,246 @@
+"""The ``qaic`` platform: vLLM's view of a Cloud AI card (real or simulated), AOT path."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from qaic_core.errors import QaicConfigError
+from qaic_vllm import envs
+from qaic_vllm.config import engine_settings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
+
+log = logging.getLogger("qaic.vllm")
+
+WORKER_CLS = "qaic_vllm.worker.QaicWorker"
+SCHEDULER_CLS = "qaic_vllm.scheduler.QaicScheduler"
+ATTN_BACKEND_CLS = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
+"""vLLM asks for an attention backend path; the AOT runner never builds vLLM attention layers."""
+
+
+def neutralise_accelerator() -> None:
+    """Make ``torch.accelerator.empty_cache/synchronize`` no-ops on CPU-only torch (they raise there)."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is None or getattr(acc, "_qaic_neutralised", False):
+        return
+    try:
+        available = bool(acc.is_available())
+    except Exception:
+        available = False
+    if available:
+        return
+    for name in ("empty_cache", "synchronize", "empty_host_cache"):
+        if hasattr(acc, name):
+            setattr(acc, name, lambda *args, **kwargs: None)
+    acc._qaic_neutralised = True  # type: ignore[attr-defined]
+
+
+def name_device_type() -> None:
+    """Name torch's PrivateUse1 device ``qaic`` so vLLM's process groups can say ``qaic:0``.
+
+    No tensor is ever placed on it: the AOT runner keeps host tensors on the CPU.
+    """
+    current = torch._C._get_privateuse1_backend_name()
+    if current == "privateuseone":
+        torch.utils.rename_privateuse1_backend("qaic")
+    elif current != "qaic":
+        log.warning("torch's PrivateUse1 device is already named %r; vLLM groups may not start", current)
+
+
+def register_mxfp6() -> None:
+    """Teach vLLM the ``mxfp6`` quantization name (weights become MX6 at compile time, not at load)."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+    if "mxfp6" in QUANTIZATION_METHODS:
+        return
+
+    @register_quantization_config("mxfp6")
+    class Mxfp6Config(QuantizationConfig):
+        """Marker config: the Cloud AI compiler quantizes matmul weights with -mxfp6-matmul."""
+
+        def get_name(self) -> Any:
+            return "mxfp6"
+
+        def get_supported_act_dtypes(self) -> list[torch.dtype]:
+            return [torch.float16, torch.float32]
+
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return 0
+
+        @staticmethod
+        def get_config_filenames() -> list[str]:
+            return []
+
+        @classmethod
+        def from_config(cls, config: dict[str, Any]) -> Mxfp6Config:
+            return cls()
+
+        def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> None:
+            return None
+
+
+class QaicPlatform(Platform):
+    """Qualcomm Cloud AI 100 through the AOT path (QPC programs run by the qaic runtime)."""
+
+    _enum = PlatformEnum.OOT
+    device_name: str = "qaic"
+    device_type: str = "cpu"
+    dispatch_key: str = "PrivateUse1"
+    device_control_env_var: str = "QAIC_VISIBLE_DEVICES"
+    dist_backend: str = "gloo"
+    ray_device_key: str = ""
+    simple_compile_backend: str = "eager"
+    supported_quantization: list[str] = ["mxfp6"]  # noqa: RUF012 - vLLM's own class attribute
+    additional_env_vars: list[str] = list(envs.ENV_VARS)  # noqa: RUF012
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.float16, torch.float32]
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "Cloud AI 100"
+
+    @classmethod
+    def get_device_uuid(cls, device_id: int = 0) -> str:
+        return f"qaic-{device_id}"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return 32 * 1024**3
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def inference_mode(cls) -> Any:
+        return torch.no_grad()
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        return None
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        return None
+
+    @classmethod
+    def get_attn_backend_cls(
+        cls, selected_backend: Any, attn_selector_config: Any, num_heads: Any = None
+    ) -> str:
+        return ATTN_BACKEND_CLS
+
+    @classmethod
+    def update_block_size_for_backend(cls, vllm_config: VllmConfig) -> None:
+        """Keep block_size = max_model_len: one KV slot per sequence."""
+        return None
+
+    @classmethod
+    def get_current_memory_usage(cls, device: Any = None) -> float:
+        return 0.0
+
+    @classmethod
+    def pre_register_and_update(cls, parser: Any = None) -> None:
+        """Accept ``--kv-cache-dtype mxint8`` on the command line (vLLM's fp8 value carries it)."""
+        register_mxfp6()
+        if parser is None:
+            return
+        for action in getattr(parser, "_actions", []):
+            if "--kv-cache-dtype" in action.option_strings and action.choices is not None:
+                choices = list(action.choices)
+                if "mxint8" not in choices:
+                    action.choices = [*choices, "mxint8"]
+                    action.type = _kv_cache_dtype
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        neutralise_accelerator()
+        envs.register_with_vllm()
+        model_config = vllm_config.model_config
+        if model_config is None:
+            return
+        from qaic_vllm.validation import validate_model
+
+        validate_model(vllm_config)
+        settings = engine_settings(vllm_config)
+        prefill = settings.compile.prefill_seq_len
+        full_batch = settings.compile.decode_batch_size
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls in ("auto", "", None):
+            parallel.worker_cls = WORKER_CLS
+        sched = vllm_config.scheduler_config
+        sched.scheduler_cls = SCHEDULER_CLS
+        if sched.async_scheduling:
+            log.info("qaic: async scheduling is not supported; turning it off")
+        sched.async_scheduling = False
+        sched.enable_chunked_prefill = True
+        sched.long_prefill_token_threshold = prefill
+        sched.max_num_batched_tokens = max(int(sched.max_num_batched_tokens), full_batch + prefill)
+        if sched.max_num_scheduled_tokens is not None:
+            sched.max_num_scheduled_tokens = max(int(sched.max_num_scheduled_tokens), full_batch + prefill)
+
+        from vllm.config import CompilationMode
+        from vllm.config.compilation import CUDAGraphMode
+
+        comp = vllm_config.compilation_config
+        comp.mode = CompilationMode.NONE
+        comp.cudagraph_capture_sizes = []
+        comp.cudagraph_mode = CUDAGraphMode.NONE
+        model_config.enforce_eager = True
+
+        cache = vllm_config.cache_config
+        if cache.enable_prefix_caching:
+            log.warning(
+                "qaic: prefix caching is not supported on Cloud AI (one KV slot per sequence); turning it off"
+            )
+        cache.enable_prefix_caching = False
+        cache.block_size = int(model_config.max_model_len)
+        cache.num_gpu_blocks_override = full_batch + 1
+        log.info(
+            "qaic: full_batch_size=%d ctx_len=%d prefill_seq_len=%d (%s)",
+            full_batch,
+            settings.compile.ctx_len,
+            prefill,
+            settings.dtype,
+        )
+
+    @classmethod
+    def validate_request(cls, processed_inputs: Any, params: SamplingParams | Any) -> None:
+        """Reject what the AOT runner cannot do, with the reason and the alternative."""
+        from qaic_vllm.validation import validate_sampling
+
+        validate_sampling(params)
+
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        if quant != "mxfp6":
+            raise QaicConfigError(
+                f"--quantization {quant} is not supported on Cloud AI: use --quantization mxfp6 or none"
+            )
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def use_all_gather(cls) -> bool:
+        return False
+
+
+def _kv_cache_dtype(value: str) -> str:
+    """``mxint8`` travels through vLLM as ``fp8`` (vllm-qaic's mapping)."""
+    return "fp8" if value == "mxint8" else value

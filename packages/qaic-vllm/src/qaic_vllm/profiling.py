@@ -1,0 +1,74 @@
+"""Per-iteration device traces for ``worker.profile`` when ``VLLM_TORCH_PROFILER_DIR`` is set."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger("qaic.vllm.profile")
+
+PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+
+
+def trace_module(backend: Any) -> ModuleType | None:
+    """The backend's trace module (``<package>.trace`` with start/stop), or None when it has no traces."""
+    if backend is None or "traces" not in getattr(backend, "capabilities", frozenset()):
+        return None
+    package = str(getattr(backend, "package", "")).replace("-", "_")
+    try:
+        module = importlib.import_module(f"{package}.trace")
+    except ImportError:
+        return None
+    if not (hasattr(module, "start") and hasattr(module, "stop")):
+        return None
+    return module
+
+
+class IterationTracer:
+    """Writes ``lrt_trace_iter{N}_pid{P}`` under the profiler dir for each step while profiling."""
+
+    def __init__(self, backend: Any) -> None:
+        raw = os.environ.get(PROFILER_DIR_ENV, "").strip()
+        self.root = Path(raw).expanduser() if raw else None
+        self.module = trace_module(backend) if self.root is not None else None
+        self.active = False
+        self.iteration = 0
+        self._open = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def start(self) -> None:
+        if self.root is None:
+            log.info("%s is not set: profiling is off", PROFILER_DIR_ENV)
+            return
+        if self.module is None:
+            log.warning("the qaic backend records no traces; profiling writes nothing")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.active = True
+        log.info("profiling started: per-iteration traces under %s", self.root)
+
+    def stop(self) -> None:
+        self.end_iteration()
+        if self.active:
+            log.info("profiling stopped after %d iterations", self.iteration)
+        self.active = False
+
+    def begin_iteration(self) -> None:
+        if not self.active or self.root is None or self.module is None:
+            return
+        directory = self.root / f"lrt_trace_iter{self.iteration}_pid{os.getpid()}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.module.start(directory)
+        self._open = True
+        self.iteration += 1
+
+    def end_iteration(self) -> None:
+        if self._open and self.module is not None:
+            self.module.stop()
+        self._open = False

@@ -1,0 +1,78 @@
+"""Checks of models and requests against what the AOT runner supports, failing early and clearly."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from qaic_core.errors import QaicConfigError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+def supported_architectures() -> dict[str, str]:
+    """The exporter's architecture table (HF class name -> family)."""
+    from qaic_aot.export import SUPPORTED_ARCHITECTURES
+
+    return dict(SUPPORTED_ARCHITECTURES)
+
+
+def validate_model(vllm_config: VllmConfig) -> None:
+    """Reject models and engine options the AOT path cannot serve; each message names the fix."""
+    model_config = vllm_config.model_config
+    assert model_config is not None
+    if model_config.runner_type != "generate":
+        raise QaicConfigError(
+            f"--runner {model_config.runner_type} is not supported on the qaic AOT path: "
+            "only text generation (--runner generate) is served"
+        )
+    archs = list(getattr(model_config.hf_config, "architectures", None) or model_config.architectures or [])
+    supported = supported_architectures()
+    if not archs or not any(a in supported for a in archs):
+        raise QaicConfigError(
+            f"model architecture {archs or 'unknown'} is not supported on Cloud AI (AOT path); "
+            f"supported: {', '.join(sorted(supported))}"
+        )
+    if model_config.use_mla:
+        raise QaicConfigError("MLA attention models (DeepSeek V2/V3 style) are not supported on Cloud AI")
+    if getattr(model_config, "is_multimodal_model", False):
+        raise QaicConfigError("multimodal models are not supported on the qaic AOT path yet")
+    max_pos = getattr(model_config.hf_text_config, "max_position_embeddings", None) or getattr(
+        model_config.hf_text_config, "n_positions", None
+    )
+    if max_pos is not None and model_config.max_model_len > int(max_pos):
+        raise QaicConfigError(
+            f"--max-model-len {model_config.max_model_len} exceeds the model's maximum position "
+            f"({max_pos}): lower --max-model-len to at most {max_pos}"
+        )
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+        raise QaicConfigError(
+            f"--tensor-parallel-size {parallel.tensor_parallel_size} / --pipeline-parallel-size "
+            f"{parallel.pipeline_parallel_size}: vLLM sees one device on Cloud AI; the compiler slices the "
+            'model across SoCs instead: use --additional-config \'{"override_qaic_config": {"num_devices": N}}\''
+        )
+    if vllm_config.speculative_config is not None:
+        raise QaicConfigError(
+            "speculative decoding is not supported on the qaic AOT path yet: drop --speculative-config"
+        )
+    if vllm_config.lora_config is not None:
+        raise QaicConfigError("LoRA adapters are not supported on the qaic AOT path yet: drop --enable-lora")
+
+
+def validate_sampling(params: Any) -> None:
+    """Per-request check (``Platform.validate_request``): unsupported options get a 400 with the reason."""
+    from vllm.sampling_params import SamplingParams
+
+    if not isinstance(params, SamplingParams):
+        raise ValueError("only text generation requests are supported on the qaic AOT path")
+    if params.structured_outputs is not None:
+        raise ValueError(
+            "structured output (guided decoding / response_format json_schema) is not supported on the "
+            "qaic AOT path yet: remove it from the request"
+        )
+    if params.prompt_logprobs is not None:
+        raise ValueError(
+            "prompt_logprobs is not supported on the qaic AOT path: the compiled program returns only the "
+            "last position's logits; remove prompt_logprobs (logprobs of generated tokens work)"
+        )
