@@ -7,6 +7,7 @@ such code runs on the simulator unchanged.
 
 from __future__ import annotations
 
+import contextlib
 from types import ModuleType
 from typing import Any
 
@@ -47,10 +48,8 @@ class QeffStyleSession:
         self.output_names = [b.name for b in self.bindings if b.dir == aicapi.BUFFER_IO_TYPE_OUTPUT]
         props = qaicrt.QAicProgramProperties()
         props.dataPathTimeoutMs = 60_000
-        try:
+        with contextlib.suppress(AttributeError):
             props.SubmitRetryTimeoutMs = 60_000
-        except AttributeError:
-            pass
         device = None
         if device_ids and len(device_ids) == 1:
             device = device_ids[0]

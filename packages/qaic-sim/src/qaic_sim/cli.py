@@ -89,9 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.INFO if is_compile else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
-    if is_compile:
-        runner = lambda: cmd_compile(args[1:])  # noqa: E731 - compile takes qaic-compile's own argv
-    else:
+    try:
+        if is_compile:
+            return cmd_compile(args[1:])  # qaic-compile's own argv, not argparse syntax
         parser = argparse.ArgumentParser(prog="qaic-sim", usage=USAGE)
         sub = parser.add_subparsers(dest="cmd", required=True)
         sub.add_parser("list", help="simulated devices and their free resources")
@@ -99,12 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         qpc.add_argument("path")
         sub.add_parser("compile", help="compile with qaic-compile flags")
         ns = parser.parse_args(args)
-        if ns.cmd == "list":
-            runner = lambda: cmd_list(console)  # noqa: E731
-        else:
-            runner = lambda: cmd_qpc(console, ns.path)  # noqa: E731
-    try:
-        return runner()
+        return cmd_list(console) if ns.cmd == "list" else cmd_qpc(console, ns.path)
     except (QaicError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2

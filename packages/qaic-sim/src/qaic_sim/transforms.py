@@ -77,6 +77,15 @@ def _float_values(model: onnx.ModelProto) -> set[str]:
     return {v.name for v in values if v.type.tensor_type.elem_type == TensorProto.FLOAT}
 
 
+def _rounding(src: str, dst: str) -> list[onnx.NodeProto]:
+    """dst = fp16(src) as float32, saturating at +-65504."""
+    return [
+        helper.make_node("Clip", [src, _LO, _HI], [f"{dst}__qaic_sat"]),
+        helper.make_node("Cast", [f"{dst}__qaic_sat"], [f"{dst}__qaic_f16"], to=TensorProto.FLOAT16),
+        helper.make_node("Cast", [f"{dst}__qaic_f16"], [dst], to=TensorProto.FLOAT),
+    ]
+
+
 def round_activations_fp16(model: onnx.ModelProto) -> int:
     """After every float-producing compute node, round its output to fp16 (saturating).
 
@@ -87,7 +96,20 @@ def round_activations_fp16(model: onnx.ModelProto) -> int:
     graph = model.graph
     nodes: list[onnx.NodeProto] = []
     count = 0
+    inits = {t.name for t in graph.initializer}
+    renames: dict[str, str] = {}
+    for value in graph.input:
+        # Float inputs enter the fp16 datapath: round them first.
+        if value.name in inits or value.type.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        rounded = f"{value.name}__qaic_in16"
+        nodes.extend(_rounding(value.name, rounded))
+        renames[value.name] = rounded
+        count += 1
     for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
         nodes.append(node)
         if node.op_type in _EXACT_OPS or node.domain not in ("", "ai.onnx"):
             continue

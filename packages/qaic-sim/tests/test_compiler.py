@@ -1,0 +1,199 @@
+"""The qaic-compile front end: the QPC layout it writes, what it rejects, fp16 and MX FP6 numerics."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import D, compile_program, kv_specs, write_kv_model, write_matmul_model
+from onnx import numpy_helper
+
+from qaic_core import qpc as layout
+from qaic_core.errors import QaicConfigError
+from qaic_core.manager import get_plugin_manager
+from qaic_core.types import Specialization
+from qaic_sim import aicapi, mx, qaicrt, qpcfile
+from qaic_sim.compiler import compile_argv
+from qaic_sim.qaicrt import QStatus
+
+
+def _run_matmul(qpc: Path, x: np.ndarray) -> np.ndarray:
+    ctx = qaicrt.Context()
+    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(qpc)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    exe = qaicrt.ExecObj(ctx, program)
+    y = np.zeros_like(x)
+    exe.setData([(0, x), (1, y)])
+    qaicrt.Queue(ctx, 0).enqueue(exe)
+    assert exe.waitForCompletion() == QStatus.SUCCESS, exe.lastError
+    program.unload()
+    return y
+
+
+def test_layout_and_iodesc(tmp_path: Path) -> None:
+    onnx_path, _ = write_kv_model(tmp_path / "kv.onnx")
+    specs = kv_specs(fbs=3, ctx=32, prefill=8)
+    qpc = compile_program(tmp_path / "qpc-abc", onnx_path, specs)
+    assert layout.qpc_exists(tmp_path / "qpc-abc")
+    assert (qpc / layout.PROGRAM_FILE).is_file()
+    with zipfile.ZipFile(qpc / layout.PROGRAM_FILE) as zf:
+        names = set(zf.namelist())
+        assert {"manifest.json", "model.onnx", "iodesc.pb", "specializations.json"} <= names
+        assert json.loads(zf.read("manifest.json"))["format"] == qpcfile.FORMAT
+    status, data = qaicrt.Qpc(str(qpc)).getIoDescriptor()
+    assert status == QStatus.SUCCESS
+    desc = aicapi.IoDesc()
+    desc.ParseFromString(bytes(data))
+    assert [s.name for s in desc.io_sets] == ["default"]
+    b = {x.name: x for x in desc.selected_set.bindings}
+    assert list(b) == ["x", "position_ids", "batch_index", "past_key.0", "y", "past_key.0_RetainedState"]
+    assert [b[n].dir for n in b] == [0, 0, 0, 0, 1, 1]
+    assert b["position_ids"].type == aicapi.INT64_I_TYPE and b["x"].type == aicapi.FLOAT_TYPE
+    assert list(b["x"].dims) == [3, 8, D]  # the largest of each dimension over the specializations
+    assert b["past_key.0"].size == 3 * 32 * D * 4 and b["past_key.0"].is_partial_buf_allowed
+    shapes = [[list(s.dims) for s in a.shapes] for a in desc.allowed_shapes]
+    assert shapes[0][0] == [1, 8, D] and shapes[1][0] == [3, 1, D]
+    assert shapes[0][4] == [1, D] and shapes[1][4] == [3, D]
+    assert shapes[0][3] == shapes[1][3] == [3, 1, 32, D]
+
+
+def test_backend_compiler_and_onnx_define_symbol(tmp_path: Path) -> None:
+    backend = get_plugin_manager().select_device_backend("sim")
+    onnx_path, w = write_matmul_model(tmp_path / "mm.onnx", width=16)
+    out = tmp_path / "qpc"
+    assert backend.compiler is not None
+    backend.compiler(
+        ["-aic-hw", f"-m={onnx_path}", "-onnx-define-symbol=batch_size,2", f"-aic-binary-dir={out}"]
+    )
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    np.testing.assert_allclose(_run_matmul(out, x), np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+
+
+def test_convert_to_fp16_rounds_weights_inputs_and_activations(tmp_path: Path) -> None:
+    onnx_path, w = write_matmul_model(tmp_path / "mm.onnx")
+    spec = [Specialization("b4", {"batch_size": 4})]
+    qpc32 = compile_program(tmp_path / "f32", onnx_path, spec, flags=())
+    qpc16 = compile_program(tmp_path / "f16", onnx_path, spec, flags=("-convert-to-fp16",))
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    y32, y16 = _run_matmul(qpc32, x), _run_matmul(qpc16, x)
+    r16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    expected = r16(np.tanh(r16(r16(x) @ r16(w))))
+    np.testing.assert_array_equal(y16, r16(y16))  # every output is an fp16 value
+    np.testing.assert_allclose(y16, expected, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(y32, np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+    assert np.abs(y16 - y32).max() > 0  # the datapath really is narrower
+
+
+def test_mxfp6_matmul_stores_mx_weights(tmp_path: Path) -> None:
+    onnx_path, w = write_matmul_model(tmp_path / "mm.onnx")
+    qpc = compile_program(
+        tmp_path / "mx", onnx_path, [Specialization("b2", {"batch_size": 2})], flags=("-mxfp6-matmul",)
+    )
+    model = onnx.load_from_string(qpcfile.read_member(qpc, qpcfile.MODEL))
+    stored = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "W"))
+    np.testing.assert_array_equal(stored, mx.quantize_mxfp6(w, axis=0))
+    assert not np.array_equal(stored, w)
+    manifest, _ = qpcfile.read_manifest(qpc)
+    assert manifest.weights_bytes == int(np.ceil(w.size * mx.bytes_per_element("mxfp6")))
+    x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(_run_matmul(qpc, x), np.tanh(x @ stored), rtol=1e-5, atol=1e-6)
+
+
+def _argv(
+    tmp_path: Path, onnx_path: Path, *extra: str, specs: list[Specialization] | None = None
+) -> list[str]:
+    spec_path = tmp_path / "specializations.json"
+    layout.write_specializations(spec_path, specs if specs is not None else kv_specs())
+    return [
+        "-aic-hw",
+        f"-m={onnx_path}",
+        f"-network-specialization-config={spec_path}",
+        f"-aic-binary-dir={tmp_path / 'qpc'}",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "specs", "message"),
+    [
+        (("-retained-state", "-aic-foo"), None, "unknown qaic-compile flag '-aic-foo'"),
+        (("-retained-state", "-aic-num-cores=17"), None, "aic-num-cores=17 is out of range"),
+        (("-retained-state", "-aic-hw-version=ai200"), None, "aic-hw-version"),
+        (("-retained-state", "-mos"), None, "-mos needs a value"),
+        (
+            ("-retained-state",),
+            [Specialization("P", {"batch_size": 1, "seq_len": 4, "full_batch_size": 2})],
+            "does not set \\['ctx_len'\\]",
+        ),
+        (
+            ("-retained-state",),
+            [Specialization("P", {"batch_size": 1, "seq_len": 64, "ctx_len": 32, "full_batch_size": 2})],
+            "seq_len=64 > ctx_len=32",
+        ),
+    ],
+)
+def test_rejections(
+    tmp_path: Path, extra: tuple[str, ...], specs: list[Specialization] | None, message: str
+) -> None:
+    onnx_path, _ = write_kv_model(tmp_path / "kv.onnx")
+    with pytest.raises(QaicConfigError, match=message):
+        compile_argv(_argv(tmp_path, onnx_path, *extra, specs=specs))
+    assert not (tmp_path / "qpc" / layout.PROGRAM_FILE).exists()
+
+
+def test_rejects_missing_hw_model_and_retained_outputs(tmp_path: Path) -> None:
+    onnx_path, _ = write_matmul_model(tmp_path / "mm.onnx")
+    spec = [Specialization("b", {"batch_size": 1})]
+    argv = _argv(tmp_path, onnx_path, "-retained-state", specs=spec)
+    with pytest.raises(QaicConfigError, match="no output named '<input>_RetainedState'"):
+        compile_argv(argv)
+    with pytest.raises(QaicConfigError, match="-aic-hw is required"):
+        compile_argv(argv[1:])
+    with pytest.raises(QaicConfigError, match="no such ONNX file"):
+        compile_argv(["-aic-hw", f"-m={tmp_path / 'none.onnx'}", f"-aic-binary-dir={tmp_path}"])
+    with pytest.raises(QaicConfigError, match="symbolic dimensions \\['batch_size'\\]"):
+        compile_argv(["-aic-hw", f"-m={onnx_path}", f"-aic-binary-dir={tmp_path / 'q'}"])
+
+
+def test_rejects_bad_custom_io(tmp_path: Path) -> None:
+    onnx_path, _ = write_kv_model(tmp_path / "kv.onnx")
+    cases = [
+        ({"past_key.9": "float16"}, "is not an input or output"),
+        ({"past_key.0": "float16"}, "retained-state pair must use one precision"),
+        ({"past_key.0": "int4", "past_key.0_RetainedState": "int4"}, "precision 'int4'"),
+        ({"y": "mxint8"}, "mxint8 applies to retained state only"),
+        ({"position_ids": "float16"}, "not a float tensor"),
+    ]
+    for entries, message in cases:
+        layout.write_custom_io(tmp_path / "custom_io.yaml", entries)
+        with pytest.raises(QaicConfigError, match=message):
+            compile_argv(
+                _argv(
+                    tmp_path,
+                    onnx_path,
+                    "-retained-state",
+                    f"-custom-IO-list-file={tmp_path / 'custom_io.yaml'}",
+                )
+            )
+
+
+def test_accepts_flags_qefficient_passes(tmp_path: Path) -> None:
+    onnx_path, _ = write_kv_model(tmp_path / "kv.onnx")
+    flags = (
+        "-retained-state",
+        "-convert-to-fp16",
+        "-mos=1",
+        "-aic-enable-depth-first",
+        "-aic-perf-warnings",
+        "-aic-perf-metrics",
+        "-stats-batchsize=2",
+        "-compile-only",
+        "-aic-hw-version=ai100",
+    )
+    compile_argv(_argv(tmp_path, onnx_path, *flags))
+    manifest, _ = qpcfile.read_manifest(tmp_path / "qpc")
+    assert manifest.convert_to_fp16 and list(manifest.argv[-len(flags) :]) == list(flags)
