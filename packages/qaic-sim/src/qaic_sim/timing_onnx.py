@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import math
 import re
 from collections import defaultdict
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,6 +23,9 @@ log = logging.getLogger("qaic.sim.timing")
 
 KV_INPUT = re.compile(r"^past_(key|value)\.\d+$")
 RETAINED_SUFFIX = "_RetainedState"
+FLOAT_TYPES = frozenset(
+    {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+)
 PASS_THROUGH = frozenset(
     {"Transpose", "Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "DequantizeLinear"}
 )
@@ -60,6 +67,32 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None]:
     for init in g.initializer:
         out[init.name] = tuple(init.dims)
     return out
+
+
+@functools.cache
+def _symbolic_inference() -> Any:
+    """onnxruntime's SymbolicShapeInference, loaded from its file: the ``onnxruntime.tools`` package imports torch."""
+    spec = importlib.util.find_spec("onnxruntime")
+    path = Path(spec.origin).parent / "tools" / "symbolic_shape_infer.py" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        return SymbolicShapeInference
+    file_spec = importlib.util.spec_from_file_location("qaic_sim._ort_symbolic_shape_infer", path)
+    assert file_spec is not None and file_spec.loader is not None
+    module = importlib.util.module_from_spec(file_spec)
+    file_spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
+
+
+def _contractions_sized(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...] | None]) -> bool:
+    """Whether every MatMul/Gemm/Einsum operand and output has a static shape."""
+    return all(
+        shapes.get(name) is not None
+        for node in model.graph.node
+        if node.op_type in ("MatMul", "Gemm", "Einsum")
+        for name in [*node.input[:2], node.output[0]]
+    )
 
 
 def _numel(shape: tuple[int, ...] | None) -> int:
@@ -111,6 +144,10 @@ def onnx_cost(
     kv_bytes_per_elem: float,
 ) -> ProgramCost:
     """Count MatMul/Gemm/Einsum FLOPs, weight bytes from initializers, KV bytes from past_* bindings."""
+    if weight_bytes_per_param <= 0 or kv_bytes_per_elem <= 0:
+        raise ValueError(
+            "weight_bytes_per_param and kv_bytes_per_elem must be positive (see mx.bytes_per_element)"
+        )
     bound = _bind(model, symbols)
     top_consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in bound.graph.node:  # before inlining: CtxScatter and friends are still visible
@@ -119,6 +156,12 @@ def onnx_cost(
     inlined = onnx.inliner.inline_local_functions(bound) if bound.functions else bound
     inferred = onnx.shape_inference.infer_shapes(inlined, strict_mode=False, data_prop=True)
     shapes = _shapes(inferred)
+    if not _contractions_sized(inferred, shapes):
+        # ONNX's own inference stops at index arithmetic (Range, Expand of computed shapes) inside the
+        # KV functions; onnxruntime's symbolic inference evaluates it.
+        log.debug("onnx shape inference left matmul shapes unknown; using onnxruntime symbolic inference")
+        inferred = _symbolic_inference().infer_shapes(inlined, auto_merge=True, guess_output_rank=True)
+        shapes = _shapes(inferred)
     graph = inferred.graph
     inits = {i.name: i for i in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -151,22 +194,14 @@ def onnx_cost(
             flops += _einsum_flops(node, shapes)
 
     for name, init in inits.items():
+        if init.data_type not in FLOAT_TYPES:
+            continue  # shapes, axes and indices: folded by the compiler, never streamed
         numel = _numel(tuple(init.dims))
-        is_float = init.data_type in (
-            onnx.TensorProto.FLOAT,
-            onnx.TensorProto.FLOAT16,
-            onnx.TensorProto.BFLOAT16,
-        )
-        if name in matmul_weights:
-            per = weight_bytes_per_param
-        elif is_float:
-            per = side
-        else:
-            per = float(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
+        per = weight_bytes_per_param if name in matmul_weights else side
         storage += numel * per
         gathers = [n for n in consumers[name] if n.op_type == "Gather" and n.input[0] == name]
         if name not in matmul_weights and gathers and len(gathers) == len(consumers[name]):
-            weight_read += sum(_numel(shapes.get(n.output[0])) or numel for n in gathers) * per
+            weight_read += sum(_numel(shapes.get(n.output[0])) or numel for n in gathers) * per  # rows only
         else:
             weight_read += numel * per
 
