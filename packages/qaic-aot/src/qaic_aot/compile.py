@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import logging
 import shutil
 from pathlib import Path
@@ -40,8 +39,10 @@ def select_compiler_backend(name: str | None) -> DeviceBackend:
 
 
 def exporter_identity() -> str:
-    """Which exporter writes the ONNX (QEfficient when importable, else ours), with its version."""
-    if importlib.util.find_spec("QEfficient") is not None:
+    """Which exporter writes the ONNX (QEfficient or ours, see ``QAIC_AOT_EXPORTER``), with its version."""
+    from qaic_aot.export.onnx_export import choose_exporter
+
+    if choose_exporter() == "qefficient":
         return f"QEfficient {_version('QEfficient')}"
     return f"qaic-aot {_version('qaic-aot')}"
 
@@ -55,6 +56,8 @@ def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict
         "exporter": exporter_identity(),
         "continuous_batching": settings.full_batch_size is not None,
         "num_speculative_tokens": settings.num_speculative_tokens,
+        # Our exporter sizes rope tables and sliding-window masks by ctx_len, so it is part of the key.
+        "ctx_len": settings.ctx_len,
     }
 
 
@@ -78,10 +81,10 @@ def compile_model(
     qeff_home: Path | None = None,
 ) -> Path:
     """Export and compile ``model_dir`` for ``settings``; returns the cached ``qpc-<hash>`` directory."""
-    model_dir = model_files.check_model_dir(Path(model_dir))
-    config = model_files.read_config(model_dir)
-    arch = model_files.architecture(config, model_dir)
+    config = model_files.read_config(Path(model_dir))
+    arch = model_files.architecture(config, Path(model_dir))
     _check_supported(arch)
+    model_dir = model_files.check_model_dir(Path(model_dir))
     device_backend = select_compiler_backend(backend)
     home = Path(qeff_home) if qeff_home is not None else env.qeff_home()
     model_name = model_dir.name

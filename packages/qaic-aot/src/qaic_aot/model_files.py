@@ -28,8 +28,8 @@ class ModelGeometry:
     head_dim: int
 
 
-def check_model_dir(model_dir: Path) -> Path:
-    """The model directory, after checking that config.json and a weights file are there."""
+def config_path(model_dir: Path) -> Path:
+    """The model's config.json, after checking that the folder and the file exist."""
     model_dir = Path(model_dir).expanduser()
     if not model_dir.is_dir():
         raise QaicConfigError(
@@ -38,6 +38,12 @@ def check_model_dir(model_dir: Path) -> Path:
     config = model_dir / "config.json"
     if not config.is_file():
         raise QaicConfigError(f"model file {config} is missing: the model folder needs its config.json")
+    return config
+
+
+def check_model_dir(model_dir: Path) -> Path:
+    """The model directory, after checking that config.json and a weights file are there."""
+    model_dir = config_path(model_dir).parent
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise QaicConfigError(
             f"model weights are missing in {model_dir}: expected one of {', '.join(WEIGHT_FILES)}"
@@ -47,7 +53,7 @@ def check_model_dir(model_dir: Path) -> Path:
 
 def read_config(model_dir: Path) -> dict[str, Any]:
     """The raw config.json of a checked model directory."""
-    path = check_model_dir(model_dir) / "config.json"
+    path = config_path(model_dir)
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -1,0 +1,138 @@
+"""QAICInferenceSession on a small retained-state program compiled by the selected backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qaic_aot import QAICInferenceSession
+from qaic_core import get_plugin_manager
+from qaic_core import qpc as layout
+from qaic_core.errors import QaicConfigError, QaicRuntimeError
+from qaic_core.session import QaicSession
+from qaic_core.testing.models import write_accumulator
+from qaic_core.types import QStatus, Specialization
+
+WIDTH, SLOTS = 4, 2
+
+
+@pytest.fixture(scope="module")
+def accumulator_qpc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``state[batch_index] += x`` compiled for batch 1 and batch 2 (the layout compile_model writes)."""
+    backend = get_plugin_manager().select_device_backend()
+    if backend.compiler is None:
+        pytest.skip(f"backend {backend.name!r} has no compiler")
+    root = tmp_path_factory.mktemp("accumulator")
+    onnx_path = write_accumulator(root / "accumulator.onnx", width=WIDTH, slots=SLOTS)
+    specs = [Specialization("one", {"batch_size": 1}), Specialization("two", {"batch_size": 2})]
+    layout.write_specializations(root / layout.SPECIALIZATIONS_FILE, specs)
+    backend.compiler(
+        [
+            "-aic-hw",
+            "-aic-hw-version=ai100",
+            f"-m={onnx_path}",
+            "-retained-state",
+            "-aic-num-cores=1",
+            f"-network-specialization-config={root / layout.SPECIALIZATIONS_FILE}",
+            f"-aic-binary-dir={root / 'qpc'}",
+        ]
+    )
+    return root
+
+
+@pytest.fixture
+def session(accumulator_qpc: Path) -> Iterator[QAICInferenceSession]:
+    s = QAICInferenceSession(accumulator_qpc)
+    # Start every test from a zero state (device memory is not cleared between loads).
+    s.run({"x": _x(0, rows=SLOTS), "batch_index": [[0], [1]], "state": np.zeros((SLOTS, WIDTH), np.float32)})
+    yield s
+    s.deactivate()
+
+
+def _x(value: float, rows: int = 1) -> np.ndarray:
+    return np.full((rows, WIDTH), value, np.float32)
+
+
+def test_surface_matches_qefficient(session: QAICInferenceSession) -> None:
+    assert isinstance(session, QaicSession)
+    assert session.input_names == ["x", "batch_index", "state"]
+    assert session.output_names == ["y", "state_RetainedState"]
+    assert session.binding_index_map == {b.name: b.index for b in session.bindings}
+    assert len(session.allowed_shapes) == 2
+    x_index = session.binding_index_map["x"]
+    assert sorted(shape[x_index][1] for shape in session.allowed_shapes) == [[1, WIDTH], [2, WIDTH]]
+
+
+def test_skipped_state_stays_on_the_device(session: QAICInferenceSession) -> None:
+    out = session.run({"x": _x(1), "batch_index": [[1]], "state": np.zeros((SLOTS, WIDTH), np.float32)})
+    np.testing.assert_array_equal(out["y"], _x(1))
+    np.testing.assert_array_equal(out["state_RetainedState"], [[0] * WIDTH, [1] * WIDTH])
+    session.skip_buffers(["state", "state_RetainedState"])
+    out = session.run({"x": _x(2), "batch_index": [[1]]})
+    np.testing.assert_array_equal(out["y"], _x(3))
+    assert "state_RetainedState" not in out
+    out = session.run({"x": _x(1, rows=2), "batch_index": [[0], [1]]})
+    np.testing.assert_array_equal(out["y"], np.array([[1] * WIDTH, [4] * WIDTH], np.float32))
+
+
+def test_set_buffers_are_kept_for_later_runs(session: QAICInferenceSession) -> None:
+    session.skip_buffers(["state", "state_RetainedState"])
+    session.set_buffers({"batch_index": np.array([[0]])})
+    first = session.run({"x": _x(5)})
+    second = session.run({"x": _x(5)})
+    np.testing.assert_array_equal(second["y"] - first["y"], _x(5))
+    # An output buffer given with set_buffers fixes that output's shape.
+    session.set_buffers({"y": np.zeros((1, WIDTH), np.float32)})
+    np.testing.assert_array_equal(session.run({"x": _x(0)})["y"], _x(10))
+
+
+def test_two_runs_in_flight_on_separate_exec_objects(session: QAICInferenceSession) -> None:
+    session.skip_buffers(["state", "state_RetainedState"])
+    decode = session.submit({"x": _x(1, rows=2), "batch_index": [[0], [1]]}, exec_index=0)
+    prefill = session.submit({"x": _x(10), "batch_index": [[1]]}, exec_index=1)
+    with pytest.raises(QaicRuntimeError, match="in flight") as busy:
+        session.submit({"x": _x(1), "batch_index": [[0]]}, exec_index=0)
+    assert busy.value.status == QStatus.BUSY
+    first, second = decode.wait(), prefill.wait()
+    assert first["y"].shape == (2, WIDTH) and second["y"].shape == (1, WIDTH)
+    # Both runs landed in the retained state, whichever ran first.
+    total = session.run({"x": _x(0, rows=2), "batch_index": [[0], [1]]})["y"]
+    np.testing.assert_array_equal(total, np.array([[1] * WIDTH, [11] * WIDTH], np.float32))
+    assert decode.wait() is first  # waiting again returns the same result
+
+
+def test_unmatched_shape_lists_the_allowed_shapes(session: QAICInferenceSession) -> None:
+    session.skip_buffers(["state", "state_RetainedState"])
+    with pytest.raises(QaicRuntimeError, match="No matching dimension found") as err:
+        session.run({"x": _x(1, rows=3), "batch_index": [[0], [1], [0]]})
+    assert "Allowed shapes" in str(err.value) and "[3, 4]" in str(err.value)
+    # The session keeps working after the refused run.
+    assert session.run({"x": _x(1), "batch_index": [[0]]})["y"].shape == (1, WIDTH)
+
+
+def test_bad_names_and_paths_are_reported(session: QAICInferenceSession, tmp_path: Path) -> None:
+    with pytest.raises(QaicConfigError, match="'nope' is not a binding"):
+        session.run({"nope": _x(1)})
+    with pytest.raises(QaicConfigError, match="missing input buffers"):
+        session.run({"x": _x(1)})
+    with pytest.raises(QaicConfigError, match=r"programqpc\.bin"):
+        QAICInferenceSession(tmp_path)
+
+
+def test_deactivated_session_refuses_runs_until_activated(session: QAICInferenceSession) -> None:
+    session.deactivate()
+    with pytest.raises(QaicRuntimeError, match="not active"):
+        session.run({"x": _x(1), "batch_index": [[0]], "state": np.zeros((SLOTS, WIDTH), np.float32)})
+    session.activate()
+    out = session.run({"x": _x(1), "batch_index": [[0]], "state": np.zeros((SLOTS, WIDTH), np.float32)})
+    np.testing.assert_array_equal(out["y"], _x(1))
+
+
+def test_plugin_registers_the_session_and_loader() -> None:
+    pm = get_plugin_manager()
+    assert pm.session_backends()["aot"].factory is QAICInferenceSession
+    loader = pm.model_loaders()["aot"]
+    assert {"LlamaForCausalLM", "GPT2LMHeadModel"} <= loader.architectures
