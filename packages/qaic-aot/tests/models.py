@@ -60,7 +60,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "tie_word_embeddings": True,
         },
     ),
-    "mistral": ("MistralConfig", {**_COMMON, "sliding_window": 4096, "head_dim": 16}),
+    "mistral": ("MistralConfig", {**_COMMON, "sliding_window": 12, "head_dim": 32}),
     "qwen2": ("Qwen2Config", {**_COMMON, "use_sliding_window": False}),
     "qwen3": ("Qwen3Config", {**_COMMON, "head_dim": 32, "use_sliding_window": False}),
     "phi3": ("Phi3Config", {**_COMMON, "original_max_position_embeddings": 256}),
@@ -151,3 +151,37 @@ def sample_prompts(tokenizer: Any) -> list[list[int]]:
         "Continuous batching lets several prompts share one program, each in its own slot, and",
     ]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def more_prompts(tokenizer: Any) -> list[list[int]]:
+    """Six prompts: more than four slots, so finished slots are reused with stale KV left in them."""
+    extra = ["Paris.", "Numbers like 0 1 2 3 appear in text, and so do symbols: + - * / = ( ) [ ] and more"]
+    return sample_prompts(tokenizer) + [tokenizer(t, add_special_tokens=False)["input_ids"] for t in extra]
+
+
+class HFReference:
+    """transformers' fp32 greedy generation and logits for one tiny model: the independent reference."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.eos_token_id = int(self.model.config.eos_token_id)
+
+    def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """``generate(do_sample=False)``: stops after the eos token or max_new_tokens."""
+        with torch.no_grad():
+            out = self.model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return [int(t) for t in out[0, len(prompt) :]]
+
+    def logits(self, tokens: list[int]) -> Any:
+        """Logits [len(tokens), vocab] of one forward pass over ``tokens``."""
+        with torch.no_grad():
+            return self.model(torch.tensor([tokens])).logits[0].numpy()
