@@ -64,7 +64,7 @@ def test_ddr_is_accounted_and_freed_on_unload(big_kv: Path) -> None:
 def test_program_over_several_devices_splits_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QAIC_SIM_TOPOLOGY", "standard:2")
     reset_topology()
-    onnx_path, w = write_kv_model(tmp_path / "kv.onnx")
+    onnx_path, _w = write_kv_model(tmp_path / "kv.onnx")
     qpc = compile_program(tmp_path / "p", onnx_path, kv_specs(fbs=128, ctx=2**22, prefill=4), mdp_devices=2)
     manifest, _ = qpcfile.read_manifest(qpc)
     assert manifest.num_devices == 2
@@ -79,7 +79,7 @@ def test_program_over_several_devices_splits_memory(tmp_path: Path, monkeypatch:
     half = -(-manifest.dram_bytes // 2)
     assert _free_mb(0) == _free_mb(1) == (16 * GB - half) // 2**20
     assert program.activate() == QStatus.SUCCESS
-    status, info = qaicrt.Util().getResourceInfo(1)
+    _status, info = qaicrt.Util().getResourceInfo(1)
     assert info.nspFree == 16 - manifest.num_cores
     program.unload()
     assert _free_mb(0) == _free_mb(1) == 16 * 1024

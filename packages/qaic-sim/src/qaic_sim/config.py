@@ -39,6 +39,29 @@ _SKU_ALIASES = {
     "ai080ultra": SkuType.AI080_ULTRA,
     "080-ultra": SkuType.AI080_ULTRA,
 }
+PACE_PRESETS: dict[str, dict[str, Any]] = {
+    "llama-2-7b": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+                   "tie_word_embeddings": False},
+    "llama-2-13b": {"model_type": "llama", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40,
+                    "num_key_value_heads": 40, "intermediate_size": 13824, "vocab_size": 32000,
+                    "tie_word_embeddings": False},
+    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+                     "tie_word_embeddings": False},
+    "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
+                   "tie_word_embeddings": False},
+    "gpt-j-6b": {"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_inner": 16384,
+                 "vocab_size": 50400, "tie_word_embeddings": False},
+    "opt-2.7b": {"model_type": "opt", "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32,
+                 "ffn_dim": 10240, "vocab_size": 50272, "tie_word_embeddings": True},
+    "qwen2.5-0.5b": {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                     "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                     "tie_word_embeddings": True},
+}  # fmt: skip
+"""Model shapes ``pace_as`` accepts by name (public Hugging Face configs, sizes only)."""
+
 _FILE_KEYS = {"cards", "faults", "trace_dir", "pace", "pace_as", "threads"}
 
 
@@ -166,7 +189,29 @@ def load_config(environ: Mapping[str, str] | None = None) -> SimConfig:
         values["pace_as"] = env[QAIC_SIM_PACE_AS].strip()
     if env.get(QAIC_SIM_THREADS, "").strip():
         values["threads"] = _threads(env[QAIC_SIM_THREADS], QAIC_SIM_THREADS)
+    if values.get("pace_as"):
+        pace_as_config(values["pace_as"])  # fail at start-up, not at the first run
     return SimConfig(**values, source=", ".join(sources) or "defaults")
+
+
+def pace_as_config(value: str) -> dict[str, Any]:
+    """The model shape named by ``pace_as``: a preset name or a path to a HF-config-like JSON file."""
+    key = value.strip().lower()
+    if key in PACE_PRESETS:
+        return dict(PACE_PRESETS[key])
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise QaicConfigError(
+            f"{QAIC_SIM_PACE_AS}={value!r} is neither a preset ({', '.join(sorted(PACE_PRESETS))}) "
+            "nor a JSON file with a Hugging Face config"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise QaicConfigError(f"{QAIC_SIM_PACE_AS}={value!r}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise QaicConfigError(f"{QAIC_SIM_PACE_AS}={value!r}: expected a JSON object (a config.json)")
+    return data
 
 
 def _threads(raw: Any, where: str) -> int:

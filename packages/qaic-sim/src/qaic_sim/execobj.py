@@ -286,14 +286,16 @@ class ExecObj:
                 np.copyto(arr, state[region], casting="unsafe")
         self._results = out_results
         m = image.manifest
-        device_time = image.device_time_s(k, program.devices[0].sku, len(program.devices), m.num_cores)
+        device_time = image.device_time_s(
+            k, program.devices[0].sku, len(program.devices), m.num_cores, config.pace_as
+        )
         timeout_ms = program.props.dataPathTimeoutMs
         if timeout_ms and device_time * 1000 > timeout_ms:
             raise Failure(
                 QStatus.TIMEDOUT,
                 f"modelled device time {device_time * 1000:.0f} ms exceeds dataPathTimeoutMs={timeout_ms}",
             )
-        if config.pace:
+        if config.pace or config.pace_as:
             remaining = device_time - (time.perf_counter() - start)
             if remaining > 0:
                 time.sleep(remaining)

@@ -42,7 +42,7 @@ class ProgramImage:
         self._lock = threading.Lock()
         self._session: Any = None
         self.graph_dtypes: dict[str, np.dtype] = {}
-        self._times: dict[tuple[int, SkuType, int, int], float] = {}
+        self._times: dict[tuple[int, SkuType, int, int, str | None], float] = {}
 
     def session(self, threads: int) -> Any:
         """The onnxruntime session (CPU), built once; model-local functions are inlined by ORT."""
@@ -80,29 +80,32 @@ class ProgramImage:
                 lines.append(f"    {b.name}:\t{b.dtype.itemsize}\t{list(s)}")
         return "\n".join(lines)
 
-    def device_time_s(self, spec: int, sku: SkuType, num_devices: int, num_cores: int) -> float:
-        """Modelled device time of one run of ``spec`` on this device group, computed once."""
-        key = (spec, sku, num_devices, num_cores)
+    def device_time_s(
+        self, spec: int, sku: SkuType, num_devices: int, num_cores: int, pace_as: str | None = None
+    ) -> float:
+        """Modelled device time of one run of ``spec`` on this device group, computed once.
+
+        With ``pace_as`` (a preset or HF config file) the run is timed as that model's program of
+        the same specialization (batch, seq_len, ctx_len) instead.
+        """
+        key = (spec, sku, num_devices, num_cores, pace_as)
         if key not in self._times:
-            self._times[key] = _model_time(self, spec, sku, num_devices, num_cores)
+            if pace_as:
+                self._times[key] = _pace_as_time(self, spec, sku, num_devices, num_cores, pace_as)
+            else:
+                self._times[key] = _model_time(self, spec, sku, num_devices, num_cores)
         return self._times[key]
 
 
 def _model_time(image: ProgramImage, spec: int, sku: SkuType, num_devices: int, num_cores: int) -> float:
-    try:
-        import onnx
+    import onnx
 
-        from qaic_sim import mx, timing  # type: ignore[attr-defined]
-    except ImportError:
-        return 0.0
+    from qaic_sim import mx, timing
+
     m = image.manifest
     model = onnx.load_from_string(qpcfile.read_member(image.path, qpcfile.MODEL))
-    kv_prec = next((m.precisions[n] for n in m.retained if n in m.precisions), None)
-    if kv_prec is None:
-        kv_bytes = 2.0 if m.convert_to_fp16 else 4.0
-    else:
-        kv_bytes = mx.bytes_per_element(kv_prec if kv_prec != "float" else "float32")
-    weight_bytes = mx.bytes_per_element("mxfp6") if m.mxfp6_matmul else (2.0 if m.convert_to_fp16 else 4.0)
+    weights, kv = _precisions(image)
+    weight_bytes, kv_bytes = mx.bytes_per_element(weights), mx.bytes_per_element(kv)
     try:
         cost = timing.ProgramCost.from_onnx(
             model, m.specs[spec].symbols, weight_bytes_per_param=weight_bytes, kv_bytes_per_elem=kv_bytes
@@ -112,6 +115,39 @@ def _model_time(image: ProgramImage, spec: int, sku: SkuType, num_devices: int, 
     except Exception as exc:
         log.warning("device-time model failed for %s spec %d: %s", image.path, spec, exc)
         return 0.0
+
+
+def _precisions(image: ProgramImage) -> tuple[str, str]:
+    """Weight and KV precision names of a program, as ``qaic_sim.mx.bytes_per_element`` takes them."""
+    m = image.manifest
+    weights = "mxfp6" if m.mxfp6_matmul else ("float16" if m.convert_to_fp16 else "float32")
+    kv_prec = next((m.precisions[n] for n in m.retained if n in m.precisions), None)
+    if kv_prec is None:
+        kv = "float16" if m.convert_to_fp16 else "float32"
+    else:
+        kv = "float32" if kv_prec == "float" else kv_prec
+    return weights, kv
+
+
+def _pace_as_time(
+    image: ProgramImage, spec: int, sku: SkuType, num_devices: int, num_cores: int, pace_as: str
+) -> float:
+    from qaic_sim import timing
+    from qaic_sim.config import pace_as_config
+
+    symbols = image.manifest.specs[spec].symbols
+    seq_len = int(symbols.get("seq_len", 1))
+    weights, kv = _precisions(image)
+    cost = timing.ProgramCost.for_decoder(
+        pace_as_config(pace_as),
+        batch=int(symbols.get("batch_size", 1)),
+        seq_len=seq_len,
+        ctx_len=int(symbols.get("ctx_len", seq_len)),
+        weight_precision=weights,
+        kv_precision=kv,
+    )
+    hw = timing.HardwareModel.for_device_group(sku, num_devices, num_cores)
+    return float(timing.device_time_s(cost, hw))
 
 
 _images: dict[tuple[str, int, int], ProgramImage] = {}

@@ -130,7 +130,8 @@ def reset_topology(topology: Topology | None = None) -> Topology:
     global _topology
     with _lock:
         _topology = topology
-    from qaic_sim import faults
+    from qaic_sim import faults, trace
 
     faults.clear(rearm_config=True)
+    trace.reconfigure()
     return get_topology()

@@ -124,6 +124,12 @@ def stop() -> Path | None:
     return recorder.close() if recorder is not None else None
 
 
+def reconfigure() -> None:
+    """Read the trace directory from the (new) topology config on the next run."""
+    global _from_config_checked
+    _from_config_checked = False
+
+
 def active() -> TraceRecorder | None:
     """The current recorder; the first call starts one when the config names a trace dir."""
     global _from_config_checked

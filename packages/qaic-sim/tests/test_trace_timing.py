@@ -1,0 +1,131 @@
+"""Traces (per-run directories and a Chrome trace), modelled device time and pacing."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import D, compile_program, kv_specs, write_kv_model
+
+from qaic_core.errors import QaicConfigError
+from qaic_core.types import SkuType
+from qaic_sim import qaicrt, timing, trace
+from qaic_sim.config import PACE_PRESETS, load_config
+from qaic_sim.qaicrt import QStatus
+from qaic_sim.topology import reset_topology
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("trace")
+    onnx_path, _ = write_kv_model(root / "kv.onnx")
+    return compile_program(
+        root / "p",
+        onnx_path,
+        kv_specs(fbs=2, ctx=16, prefill=4),
+        flags=("-retained-state", "-convert-to-fp16"),
+    )
+
+
+def _decode_runs(qpc: Path, n: int, qid: int = 0) -> list[float]:
+    ctx = qaicrt.Context()
+    queue = qaicrt.Queue(ctx, qid)
+    program = qaicrt.Program(ctx, qid, qaicrt.Qpc(str(qpc)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    exe = qaicrt.ExecObj(ctx, program)
+    walls = []
+    for step in range(n):
+        x = np.ones((2, 1, D), np.float32)
+        exe.setData(
+            [
+                (0, x),
+                (1, np.array([[step], [step]])),
+                (2, np.array([[0], [1]])),
+                (4, np.zeros((2, D), np.float32)),
+            ]
+        )
+        start = time.perf_counter()
+        queue.enqueue(exe)
+        assert exe.waitForCompletion() == QStatus.SUCCESS
+        walls.append(time.perf_counter() - start)
+    program.unload()
+    return walls
+
+
+def test_trace_start_stop_writes_run_dirs_and_chrome_trace(kv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lrt_trace_iter0_pid1"
+    trace.start(out)
+    _decode_runs(kv, 3)
+    path = trace.stop()
+    assert path == out / "trace.json"
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert runs == ["lrt_trace_1", "lrt_trace_2", "lrt_trace_3"]
+    summary = json.loads((out / "lrt_trace_2" / "summary.json").read_text())
+    assert summary["run"] == 2 and summary["specialization"] == "Decode" and summary["status"] == 0
+    assert summary["qids"] == [0] and summary["device_time_s"] > 0
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == 6  # one host and one device span per run
+    for e in spans:
+        assert {"name", "ts", "dur", "pid", "tid"} <= set(e)
+    device = [e for e in spans if e["cat"] == "device"]
+    assert device[0]["dur"] == pytest.approx(summary["device_time_s"] * 1e6)
+    _decode_runs(kv, 1)  # stopped: nothing more is written
+    assert not (out / "lrt_trace_4").exists()
+
+
+def test_trace_dir_from_env(kv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QAIC_SIM_TRACE_DIR", str(tmp_path / "env-trace"))
+    reset_topology()
+    _decode_runs(kv, 2)
+    assert (tmp_path / "env-trace" / "lrt_trace_2" / "summary.json").is_file()
+    trace.stop()
+    assert (tmp_path / "env-trace" / "trace.json").is_file()
+
+
+def test_device_time_comes_from_the_timing_model(kv: Path) -> None:
+    _decode_runs(kv, 4, qid=1)
+    status, perf = qaicrt.Util().getPerformanceInfo(1)
+    assert status == QStatus.SUCCESS and perf.numRuns == 4
+    program = qaicrt.Program(qaicrt.Context(), 1, qaicrt.Qpc(str(kv)))
+    import onnx
+
+    from qaic_sim import qpcfile
+
+    model = onnx.load_from_string(qpcfile.read_member(kv, qpcfile.MODEL))
+    cost = timing.ProgramCost.from_onnx(
+        model, program.image.manifest.specs[1].symbols, weight_bytes_per_param=2.0, kv_bytes_per_elem=2.0
+    )
+    expected = timing.device_time_s(cost, timing.HardwareModel.for_device_group(SkuType.ULTRA, 1, 4))
+    assert expected > 0
+    assert perf.deviceTimeS == pytest.approx(4 * expected)
+
+
+def test_pace_as_sleeps_for_the_modelled_time(kv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")
+    reset_topology()
+    cost = timing.ProgramCost.for_decoder(
+        PACE_PRESETS["qwen2.5-0.5b"],
+        batch=2,
+        seq_len=1,
+        ctx_len=16,
+        weight_precision="float16",
+        kv_precision="float16",
+    )
+    modelled = timing.device_time_s(cost, timing.HardwareModel.for_device_group(SkuType.ULTRA, 1, 4))
+    assert modelled > 0.005
+    walls = _decode_runs(kv, 3)
+    assert min(walls) >= modelled
+    _status, perf = qaicrt.Util().getPerformanceInfo(0)
+    assert perf.deviceTimeS == pytest.approx(3 * modelled)
+
+
+def test_pace_as_must_name_a_preset_or_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(QaicConfigError, match="neither a preset"):
+        load_config({"QAIC_SIM_PACE_AS": "llama-99b"})
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(PACE_PRESETS["opt-2.7b"]))
+    assert load_config({"QAIC_SIM_PACE_AS": str(cfg), "QAIC_SIM_PACE": "1"}).pace
