@@ -15,6 +15,8 @@ from models import TINY_ARCHS, build_tiny_model, build_unsupported_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests check our exporter (QEfficient, when installed, is exercised by its own suite).
+os.environ.setdefault("QAIC_AOT_EXPORTER", "qaic")
 
 
 @pytest.fixture(scope="session")
