@@ -196,7 +196,7 @@ def test_unsupported_architecture_lists_the_supported_ones(
 
 
 def test_missing_files_are_named(tiny_llama: Path, tmp_path: Path) -> None:
-    with pytest.raises(QaicConfigError, match="config.json"):
+    with pytest.raises(QaicConfigError, match=r"config\.json"):
         export_onnx(tmp_path, tmp_path / "m.onnx", CB, progress=False)
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
