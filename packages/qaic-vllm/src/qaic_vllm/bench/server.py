@@ -208,6 +208,7 @@ def bench_serve(
         str(workload.seed),
         "--disable-tqdm",
         "--save-result",
+        "--save-detailed",
         "--result-dir",
         str(result_dir),
         "--result-filename",

@@ -1,0 +1,130 @@
+"""Small pieces of the benchmarks: settings parity with the engine, device clock, environment, machine."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from qaic_vllm.bench import methods
+from qaic_vllm.bench.host import DeviceClock, instrument_sessions
+from qaic_vllm.bench.machine import git_commit, machine_info
+from qaic_vllm.bench.run import bench_env
+from qaic_vllm.bench.server import ServeShape, free_port
+from qaic_vllm.bench.settings import BenchSettings
+from qaic_vllm.bench.stack import compile_settings, qpc_dirs, random_prompts
+
+
+def _vllm_config(shape: ServeShape, dtype: str) -> SimpleNamespace:
+    """The attributes of a VllmConfig that ``engine_settings`` reads."""
+    return SimpleNamespace(
+        additional_config={},
+        model_config=SimpleNamespace(max_model_len=shape.max_model_len, dtype=dtype, quantization=None),
+        scheduler_config=SimpleNamespace(
+            max_num_seqs=shape.max_num_seqs, long_prefill_token_threshold=shape.prefill_seq_len
+        ),
+        cache_config=SimpleNamespace(cache_dtype="auto"),
+    )
+
+
+@pytest.mark.parametrize("shape", [ServeShape(8, 256, 128), ServeShape(1, 256, 64), ServeShape(32, 128, 256)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_raw_loop_compiles_what_the_engine_compiles(
+    shape: ServeShape, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qaic_vllm.config import engine_settings
+
+    for name in (
+        "VLLM_QAIC_NUM_CORES",
+        "VLLM_QAIC_MOS",
+        "VLLM_QAIC_DFS_EN",
+        "VLLM_QAIC_COMPILER_ARGS",
+        "VLLM_QAIC_QPC_PATH",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    engine = engine_settings(_vllm_config(shape, dtype))  # type: ignore[arg-type]
+    assert compile_settings(shape, dtype) == engine.compile
+
+
+def test_device_clock_tells_prefill_from_decode() -> None:
+    clock = DeviceClock()
+    clock.classify({"input_ids": np.zeros((1, 64), np.int64), "position_ids": np.zeros((1, 64), np.int64)})
+    decode_pos = np.array([[5], [-1], [7], [9]], np.int64)
+    clock.classify({"input_ids": np.zeros((4, 1), np.int64), "position_ids": decode_pos})
+    clock.add(0.25)
+    clock.add(0.5)
+    assert (clock.prefill_runs, clock.decode_runs, clock.decode_rows, clock.seconds) == (1, 1, [3], 0.75)
+    clock.reset()
+    assert (clock.prefill_runs, clock.decode_runs, clock.decode_rows, clock.seconds) == (0, 0, [], 0.0)
+
+
+def test_instrumenting_sessions_is_undone() -> None:
+    from qaic_aot import session as session_mod
+
+    submit, wait = session_mod.QAICInferenceSession.submit, session_mod.RunHandle.wait
+    undo = instrument_sessions(DeviceClock())
+    assert session_mod.QAICInferenceSession.submit is not submit
+    assert session_mod.RunHandle.wait is not wait
+    undo()
+    assert session_mod.QAICInferenceSession.submit is submit
+    assert session_mod.RunHandle.wait is wait
+
+
+def test_random_prompts_have_the_lengths_asked_and_no_special_ids() -> None:
+    prompts = random_prompts([3, 64, 17], vocab_size=300, seed=4)
+    assert [len(p) for p in prompts] == [3, 64, 17]
+    assert all(16 <= t < 300 for p in prompts for t in p)
+    assert prompts == random_prompts([3, 64, 17], vocab_size=300, seed=4)
+
+
+def test_qpc_dirs_finds_compiled_programs(tmp_path: Path) -> None:
+    program = tmp_path / "LlamaForCausalLM" / "m-1" / "qpc-abc" / "qpc" / "programqpc.bin"
+    program.parent.mkdir(parents=True)
+    program.write_bytes(b"x")
+    (tmp_path / "LlamaForCausalLM" / "m-1" / "qpc-half" / "qpc").mkdir(parents=True)
+    assert qpc_dirs(tmp_path) == {tmp_path / "LlamaForCausalLM" / "m-1" / "qpc-abc"}
+
+
+def test_bench_env_sets_backend_home_and_pacing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QAIC_SIM_PACE", "1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    plain = bench_env(tmp_path, "ultra")
+    assert plain["QAIC_BACKEND"] == "sim" and plain["QEFF_HOME"] == str(tmp_path)
+    assert "QAIC_SIM_PACE" not in plain and "VLLM_ENABLE_V1_MULTIPROCESSING" not in plain
+    paced = bench_env(tmp_path, "ultra", "Llama-2-7B")
+    assert (paced["QAIC_SIM_PACE"], paced["QAIC_SIM_PACE_AS"]) == ("1", "Llama-2-7B")
+
+
+def test_serve_shape_flags_and_settings() -> None:
+    assert ServeShape(8, 256, 128).args() == [
+        "--max-num-seqs",
+        "8",
+        "--max-model-len",
+        "256",
+        "--long-prefill-token-threshold",
+        "128",
+    ]
+    for s in (BenchSettings.quick(), BenchSettings.full()):
+        assert s.host_batches == (1, 8, 32)
+        assert s.input_len + s.output_len <= s.max_model_len
+        assert s.host_input_len + s.host_output_len <= s.max_model_len
+        assert s.num_prompts % s.batch == 0
+    assert 1024 <= free_port() < 65536
+
+
+def test_methods_describe_every_part_even_without_results() -> None:
+    text = methods.describe(BenchSettings.quick(), "float32", {})
+    assert set(text) == {"stack_overhead", "host_overhead_us", "hf_baseline", "timing_model", "startup_s"}
+    assert "QAIC_SIM_PACE_AS=" in text["stack_overhead"]
+
+
+def test_machine_and_commit() -> None:
+    info = machine_info()
+    assert set(info) == {"cpu", "cores", "memory", "python", "torch", "vllm"}
+    assert isinstance(info["cores"], int) and info["cores"] >= 1
+    sha, dirty = git_commit()
+    assert sha == "unknown" or re.fullmatch(r"[0-9a-f]{40}", sha)
+    assert isinstance(dirty, bool)

@@ -1,0 +1,127 @@
+"""The benchmark report: its exact JSON shape, the Markdown and the plot, from hand-made figures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qaic_vllm.bench.report import (
+    REPORT_KEYS,
+    BenchReport,
+    median_abs_error,
+    ratio,
+    render_markdown,
+    validate,
+    write_report,
+)
+
+ROWS = [
+    {"card": "Ultra", "model": "Llama-2-7B", "precision": "float16", "published_tok_s": 26.49, "modelled_tok_s": 25.0, "error_pct": -5.6},
+    {"card": "Ultra", "model": "Llama-2-7B", "precision": "mxfp6", "published_tok_s": 43.78, "modelled_tok_s": 45.0, "error_pct": 2.8},
+    {"card": "Standard", "model": "GPT-J-6B", "precision": "float16", "published_tok_s": 8.08, "modelled_tok_s": 9.0, "error_pct": 11.4},
+]  # fmt: skip
+
+
+def complete_report() -> BenchReport:
+    report = BenchReport()
+    report.data = {
+        "stack_overhead": {"serve_tok_s": 180.0, "raw_tok_s": 200.0, "ratio": 0.9},
+        "host_overhead_us": {"1": 900.0, "8": 1500.0, "32": 4200.0},
+        "hf_baseline": {"tok_s": 50.0, "ratio": 3.2},
+        "timing_model": ROWS,
+        "startup_s": {"first": 60.5, "cached": 30.25},
+        "machine": {
+            "cpu": "x",
+            "cores": 2,
+            "memory": "24 GiB",
+            "python": "3.12",
+            "torch": "2",
+            "vllm": "0.34.0",
+        },
+        "commit": "0123456789abcdef0123456789abcdef01234567",
+    }
+    report.methods = {"stack_overhead": "Measured with vllm bench serve."}
+    return report
+
+
+def test_complete_report_validates_with_exact_keys() -> None:
+    doc = complete_report().document()
+    assert tuple(doc) == REPORT_KEYS
+    assert validate(doc) == []
+
+
+def test_missing_part_is_reported_as_null_and_named() -> None:
+    report = complete_report()
+    del report.data["hf_baseline"]
+    report.errors["hf_baseline"] = "RuntimeError: boom"
+    doc = report.document()
+    assert doc["hf_baseline"] is None
+    assert any(p.startswith("hf_baseline") for p in validate(doc))
+    assert "**Not measured:** RuntimeError: boom" in render_markdown(report)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("stack_overhead", {"serve_tok_s": 1.0, "raw_tok_s": 1.0}, "stack_overhead has keys"),
+        ("stack_overhead", {"serve_tok_s": 1.0, "raw_tok_s": 0.0, "ratio": math.nan}, "stack_overhead.ratio"),
+        ("host_overhead_us", {"1": 1.0, "8": "fast", "32": 3.0}, "host_overhead_us.8"),
+        ("timing_model", [], "timing_model has no rows"),
+        ("timing_model", [{"card": "Ultra"}], "timing_model[0] must have keys"),
+        ("commit", "", "commit is missing"),
+    ],
+)
+def test_validate_names_each_problem(key: str, value: Any, fragment: str) -> None:
+    report = complete_report()
+    report.data[key] = value
+    problems = validate(report.document())
+    assert any(fragment in p for p in problems), problems
+
+
+def test_extra_top_level_key_is_a_problem() -> None:
+    doc = {**complete_report().document(), "extra": 1}
+    assert any("top-level keys" in p for p in validate(doc))
+
+
+def test_ratio_and_median() -> None:
+    assert ratio(180.0, 200.0) == 0.9
+    assert math.isnan(ratio(1.0, 0.0))
+    # |errors| = 5.6, 2.8, 11.4 -> median 5.6
+    assert median_abs_error(ROWS) == 5.6
+
+
+def test_markdown_holds_every_figure() -> None:
+    md = render_markdown(complete_report())
+    for text in (
+        "180.00",
+        "200.00",
+        "0.90",
+        "1,500.00",
+        "4,200.00",
+        "60.50",
+        "30.25",
+        "Median absolute error: **5.6 %**",
+    ):
+        assert text in md, text
+    assert "Measured with vllm bench serve." in md
+    assert "0123456789abcdef" in md
+
+
+def test_write_report_writes_json_markdown_and_png(tmp_path: Path) -> None:
+    paths = write_report(complete_report(), tmp_path / "out")
+    doc = json.loads(paths["json"].read_text())
+    assert list(doc) == list(REPORT_KEYS)
+    assert doc["host_overhead_us"] == {"1": 900.0, "8": 1500.0, "32": 4200.0}
+    assert paths["md"].read_text().startswith("# qaic benchmark report")
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_a_report_with_missing_parts(tmp_path: Path) -> None:
+    report = BenchReport()
+    report.data = {"commit": "abc"}
+    paths = write_report(report, tmp_path)
+    assert paths["png"].stat().st_size > 1000
