@@ -153,6 +153,7 @@ def test_fp16_and_bytes_per_element() -> None:
     assert out.dtype == np.float32
     assert out[0] == 1.0 and out[1] == 1.0 + 2**-9  # ties to even at the fp16 ulp (2^-10)
     assert np.isinf(out[2]) and mx.round_fp16(x, saturate=True)[2] == 65504.0
+    assert mx.round_fp16(np.array([-np.inf, -1e9]), saturate=True).tolist() == [-np.inf, -65504.0]
     assert out[3] == np.float32(np.float16(1e-8))  # fp16 subnormal
     assert mx.bytes_per_element("float32") == 4 and mx.bytes_per_element("fp16") == 2
     assert mx.bytes_per_element("mxfp6") == 0.78125 and mx.bytes_per_element("mxint8") == 1.03125

@@ -45,10 +45,14 @@ def bytes_per_element(precision: str) -> float:
 
 
 def round_fp16(x: np.ndarray, *, saturate: bool = False) -> np.ndarray:
-    """Round to the nearest fp16 (ties to even) and return float32; overflow is inf unless saturate."""
+    """Round to the nearest fp16 (ties to even) and return float32; overflow is inf unless saturate.
+
+    ``saturate`` clips finite values to +-65504 and keeps infinities, as exporters clip weights before
+    -convert-to-fp16 (masks hold -inf on purpose).
+    """
     a = np.asarray(x, dtype=np.float32)
     if saturate:
-        a = np.clip(a, -65504.0, 65504.0)
+        a = np.where(np.isinf(a), a, np.clip(a, -65504.0, 65504.0))
     with np.errstate(over="ignore"):
         return a.astype(np.float16).astype(np.float32)
 
