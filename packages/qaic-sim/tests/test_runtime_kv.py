@@ -278,3 +278,31 @@ def test_fp16_kv_custom_io_holds_fp16_state(tmp_path: Path) -> None:
     np.testing.assert_array_equal(out["past_key.0_RetainedState"], ref.cache.astype(np.float16))
     assert s.program.state["past_key.0"].dtype == np.float16
     s.deactivate()
+
+
+def test_fp16_datapath_keeps_kv_at_fp16_values(tmp_path: Path) -> None:
+    onnx_path, w = write_kv_model(tmp_path / "kv.onnx")
+    precisions = {"past_key.0": "float16", "past_key.0_RetainedState": "float16"}
+    flags = ("-retained-state", "-convert-to-fp16")
+    qpc = compile_program(
+        tmp_path / "p", onnx_path, kv_specs(FBS, CTX, PRE), flags=flags, custom_io=precisions
+    )
+    s = QeffStyleSession(qaicrt, aicapi, str(qpc), device_ids=[0])
+    s.skip_buffers(["past_key.0"])
+    rng = np.random.default_rng(12)
+    for slot in range(FBS):
+        s.set_buffers(
+            {
+                "y": np.zeros((1, D), np.float32),
+                "past_key.0_RetainedState": np.zeros((FBS, 1, CTX, D), np.float16),
+            }
+        )
+        inputs = _prefill(rng, slot, 0)
+        out = s.run(inputs)
+    held = s.program.state["past_key.0"]
+    np.testing.assert_array_equal(held, held.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(out["past_key.0_RetainedState"], held.astype(np.float16))
+    r16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    k = r16(r16(inputs["x"]) @ r16(w))  # the last prefill wrote slot FBS-1
+    np.testing.assert_allclose(held[FBS - 1, 0, :PRE], k[0], rtol=1e-3, atol=1e-3)
+    s.deactivate()

@@ -72,27 +72,30 @@ class ExecObj:
                 f"setData got {len(buffers)} buffers and {len(dims)} dims for {len(bindings)} bindings",
             )
         arrays: list[np.ndarray | None] = []
+        dtypes = self.program.image.dtypes
         for b, qb, (itemsize, shape) in zip(bindings, buffers, dims, strict=True):
+            dt = dtypes[b.index]
             count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
             if count == 0 or qb.size == 0:
                 arrays.append(None)
                 continue
-            self._check_itemsize(b, int(itemsize))
-            if qb.size != count * b.dtype.itemsize:
+            self._check_itemsize(b, dt, int(itemsize))
+            if qb.size != count * dt.itemsize:
                 raise Failure(
                     QStatus.INVAL,
-                    f"buffer {b.name!r} holds {qb.size} bytes but dims {list(shape)} need {count * b.dtype.itemsize}",
+                    f"buffer {b.name!r} holds {qb.size} bytes but dims {list(shape)} need {count * dt.itemsize}",
                 )
             if b.dir == Direction.IN:
-                arrays.append(qb.array(b.dtype, tuple(shape)))
+                arrays.append(qb.array(dt, tuple(shape)))
             else:
-                arrays.append(np.empty(tuple(shape), dtype=b.dtype))
+                arrays.append(np.empty(tuple(shape), dtype=dt))
         self._arrays = arrays
         self._inputs_qb = list(buffers)
         self._qbuffer_mode = True
 
     def _set_pairs(self, pairs: Sequence[Any]) -> None:
         bindings = self.program.image.bindings
+        dtypes = self.program.image.dtypes
         arrays: list[np.ndarray | None] = [None] * len(bindings)
         for item in pairs:
             try:
@@ -104,29 +107,29 @@ class ExecObj:
             if not 0 <= int(index) < len(bindings):
                 raise Failure(QStatus.INVAL, f"binding index {index} out of range 0..{len(bindings) - 1}")
             b = bindings[int(index)]
+            dt = dtypes[b.index]
             arr = np.asarray(arr)
             if arr.size == 0:
                 continue
-            self._check_itemsize(b, arr.itemsize)
+            self._check_itemsize(b, dt, arr.itemsize)
             if not arr.flags.c_contiguous:
                 if b.dir == Direction.OUT:
                     raise Failure(
                         QStatus.INVAL, f"output buffer {b.name!r} must be C-contiguous to be filled in place"
                     )
                 arr = np.ascontiguousarray(arr)
-            if arr.dtype != b.dtype:
-                arr = arr.view(b.dtype)
+            if arr.dtype != dt:
+                arr = arr.view(dt)
             arrays[int(index)] = arr
         self._arrays = arrays
         self._qbuffer_mode = False
 
     @staticmethod
-    def _check_itemsize(b: Binding, itemsize: int) -> None:
-        if itemsize != b.dtype.itemsize:
+    def _check_itemsize(b: Binding, dt: np.dtype, itemsize: int) -> None:
+        if itemsize != dt.itemsize:
             raise Failure(
                 QStatus.INVAL,
-                f"buffer {b.name!r} has element size {itemsize} but the binding holds {b.dtype} "
-                f"({b.dtype.itemsize} bytes)",
+                f"buffer {b.name!r} has element size {itemsize} but the binding holds {dt} ({dt.itemsize} bytes)",
             )
 
     def setDataWithSlices(
@@ -266,7 +269,7 @@ class ExecObj:
                         f"input {b.name!r} has no data (zero-size buffer) and is not retained state: supply it",
                     )
                 arr = program.state_array(b, spec.dims[b.index])
-            gdt = image.graph_dtypes.get(b.name, b.dtype)
+            gdt = image.graph_dtypes[b.name]
             feeds[b.name] = arr if arr.dtype == gdt else arr.astype(gdt)
         results = session.run(image.output_names, feeds)
         out_results: list[np.ndarray | None] = [None] * len(image.bindings)

@@ -39,6 +39,7 @@ class ProgramImage:
         self.retained = self.manifest.retained
         self.retained_out = {v: k for k, v in self.retained.items()}
         self.by_name = {b.name: b for b in self.bindings}
+        self.dtypes = [b.dtype for b in self.bindings]
         self._lock = threading.Lock()
         self._session: Any = None
         self.graph_dtypes: dict[str, np.dtype] = {}
