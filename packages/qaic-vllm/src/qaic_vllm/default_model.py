@@ -142,10 +142,6 @@ def ensure_default_model(directory: Path | None = None) -> Path:
         if _is_current(target):
             return target
         log.info("building the default model %s in %s (first use only)", DEFAULT_MODEL_NAME, target)
-        print(
-            f"qaic: building the default model {DEFAULT_MODEL_NAME} in {target} (first use only)...",
-            flush=True,
-        )
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
         try:
             build_model(tmp)
@@ -154,7 +150,6 @@ def ensure_default_model(directory: Path | None = None) -> Path:
             tmp.rename(target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        print(f"qaic: default model ready: {target}", flush=True)
     return target
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +18,20 @@ if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
 log = logging.getLogger("qaic.vllm")
+
+
+def configure_logging() -> None:
+    """Show the ``qaic`` loggers' INFO messages beside vLLM's when nobody configured logging."""
+    root = logging.getLogger("qaic")
+    if root.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("(qaic) %(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S")
+    )
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
 
 WORKER_CLS = "qaic_vllm.worker.QaicWorker"
 SCHEDULER_CLS = "qaic_vllm.scheduler.QaicScheduler"
@@ -44,13 +59,28 @@ def neutralise_accelerator() -> None:
 def name_device_type() -> None:
     """Name torch's PrivateUse1 device ``qaic`` so vLLM's process groups can say ``qaic:0``.
 
-    No tensor is ever placed on it: the AOT runner keeps host tensors on the CPU.
+    No tensor is ever placed on it: the AOT runner keeps host tensors on the CPU. A device module
+    that reports no usable device keeps ``torch.accelerator`` answering "not available".
     """
     current = torch._C._get_privateuse1_backend_name()
     if current == "privateuseone":
         torch.utils.rename_privateuse1_backend("qaic")
     elif current != "qaic":
         log.warning("torch's PrivateUse1 device is already named %r; vLLM groups may not start", current)
+        return
+    if not hasattr(torch, "qaic"):
+        torch._register_device_module("qaic", _host_only_device_module())
+
+
+def _host_only_device_module() -> ModuleType:
+    module = ModuleType("qaic_vllm.torch_qaic")
+    module.is_available = lambda: False  # type: ignore[attr-defined]
+    module.device_count = lambda: 0  # type: ignore[attr-defined]
+    module.current_device = lambda: 0  # type: ignore[attr-defined]
+    module.synchronize = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    module.empty_cache = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    module._is_in_bad_fork = lambda: False  # type: ignore[attr-defined]
+    return module
 
 
 def register_mxfp6() -> None:
@@ -167,6 +197,7 @@ class QaicPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        configure_logging()
         neutralise_accelerator()
         envs.register_with_vllm()
         model_config = vllm_config.model_config

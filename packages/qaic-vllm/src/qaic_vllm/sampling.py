@@ -21,7 +21,6 @@ from vllm.v1.worker.cpu.logits_processors import (
     LogitsContext,
     LogitsProcRequestState,
 )
-from vllm.v1.worker.cpu.logprob import compute_topk_scores
 from vllm.v1.worker.cpu.sampler import NO_LOGPROBS, CPUSamplingStates
 
 _SEED_MIX = 1_000_003
@@ -165,8 +164,7 @@ class HostSampler:
         max_n = int(np.max(self.states.num_logprobs[idx_np])) if idx_np.size else NO_LOGPROBS
         if max_n == NO_LOGPROBS:
             return None
-        tensors = compute_topk_scores(raw, min(max_n, self.vocab_size), sampled)
-        return tensors.tolists()
+        return topk_logprobs(raw, min(max_n, self.vocab_size), sampled)
 
 
 def _bias_of(params: SamplingParams, prompt_len: int, vocab_size: int) -> _Bias | None:
@@ -193,3 +191,18 @@ def _apply_bias(row: torch.Tensor, bias: _Bias, total_len: int) -> None:
         row.index_add_(0, bias.bias_ids, bias.bias_values)
     if bias.stop_ids is not None and total_len < bias.min_len:
         row[bias.stop_ids] = float("-inf")
+
+
+def topk_logprobs(logits: torch.Tensor, k: int, sampled: torch.Tensor) -> LogprobsLists:
+    """vLLM's logprobs layout: column 0 the sampled token, then the top ``k``; plus the sampled rank.
+
+    Same math as vLLM's ``compute_topk_scores`` (which is torch.compile'd; eager here).
+    """
+    logprobs_all = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    ids = sampled.to(torch.int64).unsqueeze(-1)
+    if k > 0:
+        ids = torch.cat((ids, torch.topk(logits, k, dim=-1).indices), dim=1)
+    values = logprobs_all.gather(-1, ids)
+    chosen = logits.gather(-1, sampled.to(torch.int64).unsqueeze(-1))
+    ranks = (logits >= chosen).sum(-1)
+    return LogprobsLists(ids.numpy(), values.numpy(), ranks.numpy())

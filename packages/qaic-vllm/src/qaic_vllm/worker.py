@@ -15,7 +15,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from qaic_vllm.config import EngineSettings, engine_settings
 from qaic_vllm.model_runner import AotModelRunner
-from qaic_vllm.platform import name_device_type, neutralise_accelerator
+from qaic_vllm.platform import configure_logging, name_device_type, neutralise_accelerator
 from qaic_vllm.profiling import IterationTracer
 
 log = logging.getLogger("qaic.vllm.worker")
@@ -43,6 +43,7 @@ class QaicWorker(WorkerBase):
         is_driver_worker: bool = False,
     ) -> None:
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
+        configure_logging()
         neutralise_accelerator()
         self.settings: EngineSettings = engine_settings(vllm_config)
         self.runner: AotModelRunner | None = None
