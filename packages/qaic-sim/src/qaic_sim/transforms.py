@@ -12,7 +12,6 @@ from qaic_sim import mx
 
 log = logging.getLogger("qaic.sim.compiler")
 
-FP16_MAX = 65504.0
 _EXACT_OPS = {
     # Ops that only move or select values: their outputs are fp16 values when their inputs are.
     "Reshape", "Transpose", "Gather", "GatherElements", "GatherND", "Concat", "Slice", "Squeeze",
@@ -21,7 +20,6 @@ _EXACT_OPS = {
     "Relu", "Abs", "Neg", "Clip", "TopK", "ArgMax", "ArgMin", "ReduceMax", "ReduceMin", "Range",
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Trilu",
 }  # fmt: skip
-_LO, _HI = "qaic_sim_fp16_lo", "qaic_sim_fp16_hi"
 
 
 def _float_initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -52,7 +50,7 @@ def quantize_matmul_weights(model: onnx.ModelProto) -> set[str]:
 
 
 def round_weights_fp16(model: onnx.ModelProto, skip: set[str]) -> None:
-    """Round every float32 initializer and Constant to fp16 values (saturating at 65504)."""
+    """Round every float32 initializer and Constant to fp16 values (finite ones clipped to +-65504)."""
     for t in _float_initializers(model):
         if t.name in skip:
             continue
@@ -78,16 +76,15 @@ def _float_values(model: onnx.ModelProto) -> set[str]:
 
 
 def _rounding(src: str, dst: str) -> list[onnx.NodeProto]:
-    """dst = fp16(src) as float32, saturating at +-65504."""
+    """dst = fp16(src) as float32; overflow gives inf, as ``mx.round_fp16`` and the device do."""
     return [
-        helper.make_node("Clip", [src, _LO, _HI], [f"{dst}__qaic_sat"]),
-        helper.make_node("Cast", [f"{dst}__qaic_sat"], [f"{dst}__qaic_f16"], to=TensorProto.FLOAT16),
+        helper.make_node("Cast", [src], [f"{dst}__qaic_f16"], to=TensorProto.FLOAT16),
         helper.make_node("Cast", [f"{dst}__qaic_f16"], [dst], to=TensorProto.FLOAT),
     ]
 
 
 def round_activations_fp16(model: onnx.ModelProto) -> int:
-    """After every float-producing compute node, round its output to fp16 (saturating).
+    """Round float graph inputs, and the output of every float-producing compute node, to fp16.
 
     The graph keeps float32 tensors so every onnxruntime CPU kernel is available; the values
     it carries are those an fp16 datapath would hold.
@@ -118,19 +115,9 @@ def round_activations_fp16(model: onnx.ModelProto) -> int:
                 continue
             raw = f"{out}__qaic_f32"
             node.output[i] = raw
-            nodes.append(helper.make_node("Clip", [raw, _LO, _HI], [f"{out}__qaic_sat"]))
-            nodes.append(
-                helper.make_node("Cast", [f"{out}__qaic_sat"], [f"{out}__qaic_f16"], to=TensorProto.FLOAT16)
-            )
-            nodes.append(helper.make_node("Cast", [f"{out}__qaic_f16"], [out], to=TensorProto.FLOAT))
+            nodes.extend(_rounding(raw, out))
             count += 1
     del graph.node[:]
     graph.node.extend(nodes)
-    graph.initializer.extend(
-        [
-            numpy_helper.from_array(np.array(-FP16_MAX, np.float32), _LO),
-            numpy_helper.from_array(np.array(FP16_MAX, np.float32), _HI),
-        ]
-    )
     log.info("fp16: rounding inserted after %d node outputs", count)
     return count
