@@ -10,6 +10,7 @@ PROJECT_NAME = "qaic"
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 """Marker for plugin implementations of the hooks in :mod:`qaic_core.hookspecs`."""
 
+from qaic_core import env, qpc, settings, types  # noqa: E402
 from qaic_core.descriptors import (  # noqa: E402
     AttentionBackend,
     DeviceBackend,
@@ -36,6 +37,10 @@ __all__ = [
     "QaicPluginManager",
     "SessionBackend",
     "__version__",
+    "env",
     "get_plugin_manager",
     "hookimpl",
+    "qpc",
+    "settings",
+    "types",
 ]
