@@ -226,3 +226,30 @@ def test_unbound_symbol_is_named(model: onnx.ModelProto) -> None:
         ProgramCost.from_onnx(
             model, {"batch_size": 1, "seq_len": 1}, weight_bytes_per_param=2, kv_bytes_per_elem=2
         )
+
+
+def test_gelu_tanh_addend_is_not_a_residual() -> None:
+    """x + 0.044715 x^3 inside GELU is an Add of two activations, but not the residual stream."""
+    rng = np.random.default_rng(1)
+    w = {
+        k: numpy_helper.from_array(rng.normal(size=s).astype(np.float32), k)
+        for k, s in [("up", (H, INTER)), ("down", (INTER, H)), ("c", ())]
+    }
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "up"], ["u"]),
+        n("Mul", ["u", "u"], ["u2"]),
+        n("Mul", ["u2", "u"], ["u3"]),
+        n("Mul", ["u3", "c"], ["u3c"]),
+        n("Add", ["u", "u3c"], ["inner"]),
+        n("Tanh", ["inner"], ["t"]),
+        n("MatMul", ["t", "down"], ["d"]),
+        n("Add", ["x", "d"], ["y"]),
+    ]
+    io = [helper.make_tensor_value_info(k, TensorProto.FLOAT, ["tokens", H]) for k in ("x", "y")]
+    graph = helper.make_graph(nodes, "mlp", io[:1], io[1:], list(w.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cost = ProgramCost.from_onnx(model, {"tokens": 3}, weight_bytes_per_param=2.0, kv_bytes_per_elem=2.0)
+    assert cost.allreduces == 1 and cost.allreduce_bytes == 3 * H * 2
+    assert cost.flops == 2 * 3 * H * INTER * 2 and cost.tokens == 3
+    assert cost.activation_bytes == 2 * 3 * H * 4 and cost.kv_read_bytes == 0

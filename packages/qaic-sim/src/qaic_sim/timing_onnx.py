@@ -187,7 +187,7 @@ def onnx_cost(
             if weight is not None:
                 matmul_weights.add(weight)
                 tokens = max(tokens, rows)
-                if _feeds_residual(node, consumers, inits):
+                if _feeds_residual(node, consumers, producers, inits):
                     allreduces += 1
                     allreduce_bytes += _numel(shapes.get(node.output[0])) * ACTIVATION_BYTES
         elif node.op_type == "Einsum":
@@ -256,9 +256,15 @@ def _weight_behind(
 
 
 def _feeds_residual(
-    node: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto]
+    node: onnx.NodeProto,
+    consumers: Mapping[str, list[onnx.NodeProto]],
+    producers: Mapping[str, onnx.NodeProto],
+    inits: Mapping[str, onnx.TensorProto],
 ) -> bool:
-    """A row-parallel matmul (output/down projection): its output, maybe plus a bias, meets another activation in an Add."""
+    """A row-parallel matmul (output/down projection): its output, maybe plus a bias, meets the residual in an Add.
+
+    The other addend must not be computed from this output (GELU's x + 0.044715 x^3 is no residual).
+    """
     frontier = [node.output[0]]
     for _ in range(2):
         nxt = []
@@ -268,7 +274,17 @@ def _feeds_residual(
                     continue
                 other = [i for i in user.input if i != value]
                 if other and all(i not in inits for i in other):
-                    return True
+                    return not any(_derives_from(o, node.output[0], producers) for o in other)
                 nxt.extend(user.output)
         frontier = nxt
     return False
+
+
+def _derives_from(value: str, source: str, producers: Mapping[str, onnx.NodeProto], depth: int = 8) -> bool:
+    """Whether ``value`` is computed from ``source`` within ``depth`` nodes."""
+    frontier = {value}
+    for _ in range(depth):
+        if source in frontier:
+            return True
+        frontier = {i for v in frontier if v in producers for i in producers[v].input}
+    return source in frontier

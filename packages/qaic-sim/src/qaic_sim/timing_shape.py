@@ -23,6 +23,12 @@ GATED_MLP_TYPES = frozenset(
 )
 """Families whose MLP is gate * up -> down (three matrices); others use up -> down (two)."""
 
+BIASED_ATTENTION_TYPES = frozenset(
+    {"gpt2", "opt", "gpt_neox", "bloom", "phi", "starcoder2", "qwen2", "falcon"}
+)
+BIASED_MLP_TYPES = frozenset({"gpt2", "opt", "gptj", "gpt_neox", "bloom", "phi", "starcoder2", "falcon"})
+"""Families whose projections carry biases (a few bytes per layer; read at fp16)."""
+
 _ALIASES: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
     "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
@@ -82,6 +88,7 @@ class DecoderShape:
         inter = _get(config, "moe_intermediate_size") if experts else None
         inter = inter or _get(config, "intermediate_size") or 4 * hidden
         bias = bool(field("attention_bias", False) or field("enable_bias", False) or field("bias", False))
+        bias = bias or model_type in BIASED_ATTENTION_TYPES
         return cls(
             hidden_size=hidden,
             num_layers=int(_get(config, "num_layers")),
@@ -92,7 +99,8 @@ class DecoderShape:
             vocab_size=int(_get(config, "vocab_size")),
             gated_mlp=(mlp == "gated") if mlp else model_type in GATED_MLP_TYPES,
             attention_bias=bias,
-            mlp_bias=bool(field("mlp_bias", False) or field("enable_bias", False) or model_type == "gptj"),
+            mlp_bias=bool(field("mlp_bias", False) or field("enable_bias", False))
+            or model_type in BIASED_MLP_TYPES,
             num_experts=experts,
             experts_per_token=int(_get(config, "experts_per_token") or (1 if experts else 0)),
         )
