@@ -167,17 +167,7 @@ class CausalLM:
         self, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None
     ) -> list[list[int]]:
         """Greedy generation with continuous batching over the KV slots; one token list per prompt."""
-        if max_new_tokens < 1:
-            raise QaicConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise QaicConfigError(f"prompt {i} is empty: give at least one token")
-            if len(prompt) + max_new_tokens > self.ctx_len:
-                raise QaicConfigError(
-                    f"prompt {i} has {len(prompt)} tokens and {max_new_tokens} are to be generated, more than "
-                    f"ctx_len={self.ctx_len}: shorten the prompt or --generation-len, or compile with a larger "
-                    "--ctx-len"
-                )
+        check_lengths(prompts, max_new_tokens, self.ctx_len)
         stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
         results: list[list[int]] = [[] for _ in prompts]
         pending = deque(range(len(prompts)))
@@ -204,3 +194,19 @@ class CausalLM:
                 for slot, (request, _, position) in list(active.items()):
                     accept(slot, request, int(np.argmax(out[slot])), position + 1)
         return results
+
+
+def check_lengths(prompts: Sequence[Sequence[int]], max_new_tokens: int, ctx_len: int) -> None:
+    """Refuse prompts that, with their generation, would not fit the ``ctx_len`` KV positions."""
+    if max_new_tokens < 1:
+        raise QaicConfigError(
+            f"max_new_tokens must be at least 1, got {max_new_tokens}: set --generation-len"
+        )
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise QaicConfigError(f"prompt {i} is empty: give at least one token")
+        if len(prompt) + max_new_tokens > ctx_len:
+            raise QaicConfigError(
+                f"prompt {i} has {len(prompt)} tokens and {max_new_tokens} are to be generated, more than "
+                f"ctx_len={ctx_len}: shorten the prompt or --generation-len, or compile with a larger --ctx-len"
+            )

@@ -21,6 +21,7 @@ def _compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model_dir", type=Path, help="local Hugging Face model folder (config.json + weights)"
     )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     g = parser.add_argument_group("compile settings")
     g.add_argument("--ctx-len", type=int, default=128, help="context length (KV positions per sequence)")
     g.add_argument("--prefill-seq-len", type=int, default=32, help="tokens per prefill chunk")
@@ -88,20 +89,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from qaic_aot.causal_lm import CausalLM
+    from qaic_aot.causal_lm import CausalLM, check_lengths
     from qaic_aot.model_files import check_model_dir
     from qaic_aot.session import QAICInferenceSession
     from qaic_aot.validate import validate_qpc
 
     settings = settings_from_args(args)
     model_dir = check_model_dir(args.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    prompts = [list(tokenizer(p)["input_ids"]) for p in args.prompt]
+    check_lengths(prompts, args.generation_len, settings.ctx_len)
     if args.qpc_path is not None:
         validate_qpc(args.qpc_path, model_dir, settings, backend=args.backend)
         qpc = Path(args.qpc_path)
     else:
         qpc = _compile(args, settings)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    prompts = [list(tokenizer(p)["input_ids"]) for p in args.prompt]
     device_ids = list(settings.device_group) if settings.device_group else None
     session = QAICInferenceSession(qpc, device_ids, backend=args.backend)
     try:
@@ -128,9 +130,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qaic-aot", description=__doc__)
-    parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)"
-    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_compile = sub.add_parser("compile", help="export and compile a model; prints the QPC directory")
     _compile_flags(p_compile)

@@ -1,0 +1,121 @@
+"""The CausalLM driver against Hugging Face transformers' own greedy generation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from models import sample_prompts
+
+from qaic_aot import CausalLM, QAICInferenceSession, compile_model
+from qaic_core.errors import QaicConfigError
+from qaic_core.settings import CompileSettings
+
+# fp32 end to end so greedy tokens match transformers exactly; 8-token chunks, 2 KV slots.
+SETTINGS = CompileSettings(
+    prefill_seq_len=8, ctx_len=64, full_batch_size=2, num_cores=1, convert_to_fp16=False
+)
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CausalLM]:
+    qpc = compile_model(tiny_llama, SETTINGS, qeff_home=tmp_path_factory.mktemp("qeff"), progress=False)
+    session = QAICInferenceSession(qpc)
+    yield CausalLM(session, SETTINGS)
+    session.deactivate()
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_llama: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_llama: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    return sample_prompts(AutoTokenizer.from_pretrained(str(tiny_llama)))
+
+
+def _hf_greedy(hf: Any, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def _hf_last_logits(hf: Any, tokens: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0, -1].numpy()
+
+
+def test_geometry_comes_from_the_program(lm: CausalLM) -> None:
+    assert (lm.prefill_seq_len, lm.ctx_len, lm.full_batch_size, lm.vocab_size) == (8, 64, 2, 320)
+
+
+def test_generate_matches_transformers_with_slot_reuse(
+    lm: CausalLM, hf: Any, prompts: list[list[int]]
+) -> None:
+    # Four prompts over two slots: slots are reused, and some prompts span several prefill chunks.
+    assert max(len(p) for p in prompts) > 2 * SETTINGS.prefill_seq_len
+    ours = lm.generate(prompts, NEW_TOKENS)
+    assert ours == [_hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+
+
+def test_chunked_prefill_logits_match(lm: CausalLM, hf: Any, prompts: list[list[int]]) -> None:
+    prompt = prompts[3]
+    logits = lm.prefill(1, prompt)
+    np.testing.assert_allclose(logits, _hf_last_logits(hf, prompt), atol=1e-4)
+    # One chunk at a time, the caller keeping the last result, gives the same logits.
+    last = None
+    for start in range(0, len(prompt), 8):
+        last = lm.prefill_chunk(0, prompt[start : start + 8], start)
+    np.testing.assert_allclose(last, logits, atol=1e-5)
+
+
+def test_decode_rows_are_independent_slots(lm: CausalLM, hf: Any, prompts: list[list[int]]) -> None:
+    a, b = prompts[0], prompts[2]
+    ta = int(np.argmax(lm.prefill(0, a)))
+    tb = int(np.argmax(lm.prefill(1, b)))
+    both = lm.decode({0: (ta, len(a)), 1: (tb, len(b))})
+    np.testing.assert_allclose(both[0], _hf_last_logits(hf, [*a, ta]), atol=1e-4)
+    np.testing.assert_allclose(both[1], _hf_last_logits(hf, [*b, tb]), atol=1e-4)
+    # A decode of slot 1 alone (row 0 padded with position -1) neither reads nor writes slot 0.
+    ub = int(np.argmax(both[1]))
+    only = lm.decode({1: (ub, len(b) + 1)})
+    assert list(only) == [1]
+    np.testing.assert_allclose(only[1], _hf_last_logits(hf, [*b, tb, ub]), atol=1e-4)
+    ua = int(np.argmax(both[0]))
+    np.testing.assert_allclose(
+        lm.decode({0: (ua, len(a) + 1)})[0], _hf_last_logits(hf, [*a, ta, ua]), atol=1e-4
+    )
+
+
+def test_prefill_and_decode_in_flight_together(lm: CausalLM, hf: Any, prompts: list[list[int]]) -> None:
+    a, b = prompts[1], prompts[3]
+    ta = int(np.argmax(lm.prefill(0, a)))
+    decode = lm.submit_decode({0: (ta, len(a))})
+    chunk = lm.submit_prefill_chunk(1, b[:8], 0)
+    np.testing.assert_allclose(decode.wait()[0], _hf_last_logits(hf, [*a, ta]), atol=1e-4)
+    np.testing.assert_allclose(chunk.wait(), _hf_last_logits(hf, b[:8]), atol=1e-4)
+
+
+def test_too_long_prompts_name_ctx_len(lm: CausalLM) -> None:
+    with pytest.raises(QaicConfigError, match=r"ctx_len=64.*--ctx-len"):
+        lm.generate([[5] * 65], 1)
+    with pytest.raises(QaicConfigError, match=r"--ctx-len"):
+        lm.generate([[5] * 60], 10)
+    with pytest.raises(QaicConfigError, match=r"--ctx-len"):
+        lm.prefill(0, [5] * 65)
+    with pytest.raises(QaicConfigError, match="prefill_seq_len=8"):
+        lm.prefill_chunk(0, [5] * 9, 0)
+    with pytest.raises(QaicConfigError, match="full_batch_size is 2"):
+        lm.decode({2: (5, 0)})
