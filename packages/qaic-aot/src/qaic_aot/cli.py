@@ -21,7 +21,9 @@ def _compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model_dir", type=Path, help="local Hugging Face model folder (config.json + weights)"
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)"
+    )
     g = parser.add_argument_group("compile settings")
     g.add_argument("--ctx-len", type=int, default=128, help="context length (KV positions per sequence)")
     g.add_argument("--prefill-seq-len", type=int, default=32, help="tokens per prefill chunk")
