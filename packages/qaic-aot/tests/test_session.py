@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,3 +140,43 @@ def test_plugin_registers_the_session_and_loader() -> None:
     assert pm.session_backends()["aot"].factory is QAICInferenceSession
     loader = pm.model_loaders()["aot"]
     assert {"LlamaForCausalLM", "GPT2LMHeadModel"} <= loader.architectures
+
+
+FAULT_CHILD = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from qaic_aot import QAICInferenceSession
+    from qaic_core.errors import QaicRuntimeError
+
+    session = QAICInferenceSession(sys.argv[1])
+    inputs = {"x": np.ones((1, 4), np.float32), "batch_index": [[0]], "state": np.zeros((2, 4), np.float32)}
+    session.run(inputs)
+    try:
+        session.run(inputs)
+    except QaicRuntimeError as exc:
+        print("status", exc.status)
+        print(str(exc).splitlines()[0])
+    session.run(inputs)  # the fault fires once; the next run works again
+    print("recovered")
+    """
+)
+
+
+def test_device_timeout_raises_with_the_status_name(accumulator_qpc: Path) -> None:
+    backend = get_plugin_manager().select_device_backend()
+    if "faults" not in backend.capabilities:
+        pytest.skip(f"backend {backend.name!r} cannot inject faults")
+    env = {**os.environ, "QAIC_SIM_FAULTS": "timeout@0:run=2"}
+    done = subprocess.run(
+        [sys.executable, "-c", FAULT_CHILD, str(accumulator_qpc)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "status 9"
+    assert lines[1].startswith("run failed with status TIMEDOUT (9)")
+    assert lines[2] == "recovered"
