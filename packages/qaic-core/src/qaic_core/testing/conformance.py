@@ -192,3 +192,149 @@ def test_unmatched_shapes_fail_the_wait(
         assert status != 0
     finally:
         s.close()
+
+
+def _ok(qaicrt: ModuleType) -> int:
+    """SUCCESS under either spelling the runtime uses (``SUCCESS`` or ``QS_SUCCESS``)."""
+    return int(getattr(qaicrt.QStatus, "SUCCESS", None) or getattr(qaicrt.QStatus, "QS_SUCCESS", 0))
+
+
+@pytest.mark.requires("compile")
+def test_iodesc_bindings_are_consistent(
+    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+) -> None:
+    iodesc = aicapi.IoDesc()
+    status, data = qaicrt.Qpc(str(accumulator_qpc)).getIoDescriptor()
+    assert int(status) == _ok(qaicrt)
+    iodesc.ParseFromString(bytes(data))
+    bindings = list(iodesc.selected_set.bindings)
+    assert [b.index for b in bindings] == list(range(len(bindings)))
+    assert {b.name: b.dir for b in bindings} == {
+        "x": 0,
+        "batch_index": 0,
+        "state": 0,
+        "y": 1,
+        "state_RetainedState": 1,
+    }
+    for b in bindings:
+        assert b.size >= int(np.prod(list(b.dims))) * BUFFER_DTYPES[BufferType(b.type)].itemsize
+    for shape in iodesc.allowed_shapes:
+        assert [s.type for s in shape.shapes] == [b.type for b in bindings]
+
+
+@pytest.mark.requires("compile", "retained_state")
+def test_zero_copy_setdata_fills_outputs_in_place(
+    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+) -> None:
+    s = _Session(qaicrt, aicapi, accumulator_qpc)
+    try:
+        idx = {b.name: b.index for b in s.bindings}
+        x = np.full((2, 4), 2.0, np.float32)
+        y = np.zeros((2, 4), np.float32)
+        pairs = [
+            (idx["x"], x),
+            (idx["batch_index"], np.array([[0], [1]])),
+            (idx["state"], np.ones((2, 4), np.float32)),
+        ]
+        assert int(s.exe.setData([*pairs, (idx["y"], y)])) == _ok(qaicrt)
+        s.queue.enqueue(s.exe)
+        assert int(s.exe.waitForCompletion()) == _ok(qaicrt)
+        np.testing.assert_array_equal(y, np.full((2, 4), 3.0, np.float32))
+    finally:
+        s.close()
+
+
+@pytest.mark.requires("compile", "retained_state", "slicing")
+def test_slices_write_one_slot_of_retained_state(
+    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+) -> None:
+    import json
+
+    s = _Session(qaicrt, aicapi, accumulator_qpc)
+    try:
+        idx = {b.name: b.index for b in s.bindings}
+        spec = {
+            "BufferSpecs": [
+                {"Name": "state", "ElemSize": 4, "DimSpecs": [{"start": "batch_index"}, {"start": 0}]}
+            ]
+        }
+        status, handle = s.program.createSlicingSpecHandle(json.dumps(spec))
+        assert int(status) == _ok(qaicrt)
+        slot = np.full((1, 4), 5.0, np.float32)
+        y = np.zeros((1, 4), np.float32)
+        pairs = [
+            (idx["x"], np.ones((1, 4), np.float32)),
+            (idx["batch_index"], np.array([[1]])),
+            (idx["state"], slot),
+            (idx["y"], y),
+        ]
+        status, _ = s.exe.setDataWithSlices(pairs, handle, [("batch_index", 1)])
+        assert int(status) == _ok(qaicrt)
+        s.queue.enqueue(s.exe)
+        assert int(s.exe.waitForCompletion()) == _ok(qaicrt)
+        np.testing.assert_array_equal(y, np.full((1, 4), 6.0, np.float32))
+    finally:
+        s.close()
+
+
+@pytest.mark.requires("compile")
+def test_resources_follow_activate_and_unload(qaicrt: ModuleType, accumulator_qpc: Path) -> None:
+    util = qaicrt.Util()
+    _, ids = util.getDeviceIds()
+    device = ids[0]
+    ctx = qaicrt.Context(qaicrt.QIDList([device]))
+    _, before = util.getResourceInfo(device)
+    program = qaicrt.Program(ctx, device, qaicrt.Qpc(str(accumulator_qpc)), qaicrt.QAicProgramProperties())
+    assert int(program.load()) == _ok(qaicrt)
+    assert int(program.activate()) == _ok(qaicrt)
+    _, active = util.getResourceInfo(device)
+    assert active.nspFree <= before.nspFree - 1  # compiled with -aic-num-cores=1
+    program.deactivate()
+    program.unload()
+    _, after = util.getResourceInfo(device)
+    assert after.nspFree == before.nspFree and after.dramFree == before.dramFree
+
+
+@pytest.mark.requires("compile", "multi_device")
+def test_program_spans_two_devices(
+    qaicrt: ModuleType, aicapi: ModuleType, backend: DeviceBackend, tmp_path: Path
+) -> None:
+    import json
+
+    _, ids = qaicrt.Util().getDeviceIds()
+    if len(ids) < 2:
+        pytest.skip("needs two devices")
+    onnx_path = write_accumulator(tmp_path / "accumulator.onnx")
+    layout.write_specializations(
+        tmp_path / layout.SPECIALIZATIONS_FILE, [Specialization("one", {"batch_size": 1})]
+    )
+    (tmp_path / "mdp_ts_2.json").write_text(json.dumps(layout.mdp_partition(ids[:2], 1)))
+    assert backend.compiler is not None
+    backend.compiler(
+        [
+            "-aic-hw",
+            "-aic-hw-version=ai100",
+            f"-m={onnx_path}",
+            "-retained-state",
+            "-aic-num-cores=1",
+            f"-network-specialization-config={tmp_path / layout.SPECIALIZATIONS_FILE}",
+            f"-mdp-load-partition-config={tmp_path / 'mdp_ts_2.json'}",
+            f"-aic-binary-dir={tmp_path / 'qpc'}",
+        ]
+    )
+    ctx = qaicrt.Context(qaicrt.QIDList(ids[:2]))
+    props = qaicrt.QAicProgramProperties()
+    props.devMapping = ":".join(map(str, ids[:2]))
+    program = qaicrt.Program(ctx, None, qaicrt.Qpc(str(tmp_path / "qpc")), props)
+    assert int(program.load()) == _ok(qaicrt)
+    assert int(program.activate()) == _ok(qaicrt)
+    exe = qaicrt.ExecObj(ctx, program)
+    y = np.zeros((1, 4), np.float32)
+    exe.setData(
+        [(0, np.ones((1, 4), np.float32)), (1, np.array([[0]])), (2, np.zeros((2, 4), np.float32)), (3, y)]
+    )
+    qaicrt.Queue(ctx, ids[0]).enqueue(exe)
+    assert int(exe.waitForCompletion()) == _ok(qaicrt)
+    np.testing.assert_array_equal(y, np.ones((1, 4), np.float32))
+    program.deactivate()
+    program.unload()
