@@ -196,7 +196,10 @@ def test_unmatched_shapes_fail_the_wait(
 
 def _ok(qaicrt: ModuleType) -> int:
     """SUCCESS under either spelling the runtime uses (``SUCCESS`` or ``QS_SUCCESS``)."""
-    return int(getattr(qaicrt.QStatus, "SUCCESS", None) or getattr(qaicrt.QStatus, "QS_SUCCESS", 0))
+    value: Any = getattr(qaicrt.QStatus, "SUCCESS", None)
+    if value is None:
+        value = getattr(qaicrt.QStatus, "QS_SUCCESS", 0)
+    return int(value)
 
 
 @pytest.mark.requires("compile")
