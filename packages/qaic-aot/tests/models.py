@@ -168,9 +168,16 @@ class HFReference:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos_token_id = int(self.model.config.eos_token_id)
+        self._greedy: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
-        """``generate(do_sample=False)``: stops after the eos token or max_new_tokens."""
+        """``generate(do_sample=False)``: stops after the eos token or max_new_tokens (memoized)."""
+        key = (tuple(prompt), max_new_tokens)
+        if key not in self._greedy:
+            self._greedy[key] = self._generate(prompt, max_new_tokens)
+        return list(self._greedy[key])
+
+    def _generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         with torch.no_grad():
             out = self.model.generate(
                 torch.tensor([prompt]),
