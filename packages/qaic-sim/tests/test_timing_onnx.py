@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -253,3 +254,17 @@ def test_gelu_tanh_addend_is_not_a_residual() -> None:
     assert cost.allreduces == 1 and cost.allreduce_bytes == 3 * H * 2
     assert cost.flops == 2 * 3 * H * INTER * 2 and cost.tokens == 3
     assert cost.activation_bytes == 2 * 3 * H * 4 and cost.kv_read_bytes == 0
+
+
+def test_weights_need_not_be_loaded(model: onnx.ModelProto, tmp_path: Path) -> None:
+    """Only initializer shapes matter: a model saved with external data costs the same unloaded."""
+    path = tmp_path / "m.onnx"
+    saved = decoder_model()  # saving with external data rewrites the proto in place
+    onnx.save_model(
+        saved, str(path), save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=512
+    )
+    light = onnx.load(str(path), load_external_data=False)
+    assert any(init.external_data for init in light.graph.initializer)
+    symbols = {"batch_size": 1, "seq_len": 4, "ctx_len": 16}
+    kwargs = {"weight_bytes_per_param": 2.0, "kv_bytes_per_elem": 2.0}
+    assert ProgramCost.from_onnx(light, symbols, **kwargs) == ProgramCost.from_onnx(model, symbols, **kwargs)

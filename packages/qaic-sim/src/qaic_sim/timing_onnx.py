@@ -8,7 +8,7 @@ import logging
 import math
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnx.inliner
 import onnx.shape_inference
+from onnx import helper
 
 from qaic_sim.timing_cost import ACTIVATION_BYTES, ProgramCost, side_bytes_per_element
 
@@ -32,12 +33,33 @@ PASS_THROUGH = frozenset(
 """Ops that only re-view a weight: a MatMul behind them still reads the weight."""
 
 
+SMALL_INITIALIZER = 64
+"""Initializers up to this many elements (shapes, axes, scalars) keep their data for shape inference."""
+
+
 def _bind(model: onnx.ModelProto, symbols: Mapping[str, int]) -> onnx.ModelProto:
-    """Copy the model with every symbolic input/output dimension replaced by its value."""
+    """A weightless copy with every symbolic input/output dimension replaced by its value.
+
+    Large initializers become typed graph inputs: inference needs their shapes, not their bytes, and a
+    multi-gigabyte model would otherwise be copied (and exceed protobuf's 2 GB limit in inference).
+    """
     bound = onnx.ModelProto()
-    bound.CopyFrom(model)
+    bound.ir_version = model.ir_version
+    bound.opset_import.extend(model.opset_import)
+    bound.functions.extend(model.functions)
+    g = bound.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    declared = {v.name for v in model.graph.input}
+    for init in model.graph.initializer:
+        if math.prod(init.dims) <= SMALL_INITIALIZER and not init.external_data:
+            g.initializer.append(init)
+        elif init.name not in declared:
+            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     missing: set[str] = set()
-    for value in [*bound.graph.input, *bound.graph.output]:
+    for value in [*g.input, *g.output]:
         for dim in value.type.tensor_type.shape.dim:
             if dim.HasField("dim_param"):
                 if dim.dim_param in symbols:
@@ -49,7 +71,6 @@ def _bind(model: onnx.ModelProto, symbols: Mapping[str, int]) -> onnx.ModelProto
         raise ValueError(
             f"symbols {sorted(missing)} have no value (given: {given}); add them to the specialization"
         )
-    del bound.graph.value_info[:]
     return bound
 
 
@@ -104,7 +125,8 @@ def _need(shapes: dict[str, tuple[int, ...] | None], name: str, node: onnx.NodeP
     if shape is None:
         raise ValueError(
             f"{node.op_type} node {node.name or node.output[0]!r}: input {name!r} has no static shape after "
-            "shape inference; bind every symbol and define custom ops as model-local functions"
+            "shape inference; bind every symbol, define custom ops as model-local functions and keep "
+            "shape-valued initializers loaded"
         )
     return shape
 
@@ -163,7 +185,7 @@ def onnx_cost(
         inferred = _symbolic_inference().infer_shapes(inlined, auto_merge=True, guess_output_rank=True)
         shapes = _shapes(inferred)
     graph = inferred.graph
-    inits = {i.name: i for i in graph.initializer}
+    inits = {i.name: (tuple(i.dims), i.data_type) for i in model.graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     producers: dict[str, onnx.NodeProto] = {}
     for node in graph.node:
@@ -193,10 +215,10 @@ def onnx_cost(
         elif node.op_type == "Einsum":
             flops += _einsum_flops(node, shapes)
 
-    for name, init in inits.items():
-        if init.data_type not in FLOAT_TYPES:
+    for name, (dims, data_type) in inits.items():
+        if data_type not in FLOAT_TYPES:
             continue  # shapes, axes and indices: folded by the compiler, never streamed
-        numel = _numel(tuple(init.dims))
+        numel = _numel(dims)
         per = weight_bytes_per_param if name in matmul_weights else side
         storage += numel * per
         gathers = [n for n in consumers[name] if n.op_type == "Gather" and n.input[0] == name]
@@ -242,9 +264,7 @@ def onnx_cost(
     )
 
 
-def _weight_behind(
-    name: str, inits: Mapping[str, onnx.TensorProto], producers: Mapping[str, onnx.NodeProto]
-) -> str | None:
+def _weight_behind(name: str, inits: Container[str], producers: Mapping[str, onnx.NodeProto]) -> str | None:
     """The initializer a matmul operand re-views (through Transpose/Cast/...), if any."""
     seen = 0
     while name not in inits and name in producers and seen < 4:
@@ -259,7 +279,7 @@ def _feeds_residual(
     node: onnx.NodeProto,
     consumers: Mapping[str, list[onnx.NodeProto]],
     producers: Mapping[str, onnx.NodeProto],
-    inits: Mapping[str, onnx.TensorProto],
+    inits: Container[str],
 ) -> bool:
     """A row-parallel matmul (output/down projection): its output, maybe plus a bias, meets the residual in an Add.
 
