@@ -17,6 +17,7 @@ __all__ = [
     "HardwareModel",
     "ProgramCost",
     "decode_tokens_per_s",
+    "device_breakdown",
     "device_time_s",
 ]
 
