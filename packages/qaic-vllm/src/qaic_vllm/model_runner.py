@@ -9,6 +9,7 @@ the two are submitted on separate exec objects so they are in flight together.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,8 @@ class AotModelRunner:
         self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
         self.step_count = 0
         self.max_running_seen = 0
+        self.step_log: deque[tuple[int, int]] = deque(maxlen=100_000)
+        """Per device step: (decode rows run, prefill tokens run); read by tests and benchmarks."""
 
     # -- request bookkeeping ----------------------------------------------------------------
     def _remove(self, req_id: str) -> None:
@@ -172,6 +175,7 @@ class AotModelRunner:
         self.step_count += 1
         self.max_running_seen = max(self.max_running_seen, len(self.requests))
         plan = self.plan(so)
+        self.step_log.append((len(plan.decode), sum(len(tokens) for _, tokens, _ in plan.prefill)))
         logits = self.run(plan)
         for req_id, n in so.num_scheduled_tokens.items():
             self.requests[req_id].num_computed += int(n)

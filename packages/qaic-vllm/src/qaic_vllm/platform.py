@@ -189,11 +189,11 @@ class QaicPlatform(Platform):
         if parser is None:
             return
         for action in getattr(parser, "_actions", []):
-            if "--kv-cache-dtype" in action.option_strings and action.choices is not None:
-                choices = list(action.choices)
-                if "mxint8" not in choices:
-                    action.choices = [*choices, "mxint8"]
-                    action.type = _kv_cache_dtype
+            if "--kv-cache-dtype" in action.option_strings and not getattr(action, "_qaic", False):
+                if action.choices is not None and "mxint8" not in action.choices:
+                    action.choices = [*action.choices, "mxint8"]
+                action.type = _kv_cache_dtype_type(action.type)
+                action._qaic = True  # type: ignore[attr-defined]
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
@@ -272,6 +272,12 @@ class QaicPlatform(Platform):
         return False
 
 
-def _kv_cache_dtype(value: str) -> str:
-    """``mxint8`` travels through vLLM as ``fp8`` (vllm-qaic's mapping)."""
-    return "fp8" if value == "mxint8" else value
+def _kv_cache_dtype_type(inner: Any) -> Any:
+    """``mxint8`` travels through vLLM as ``fp8`` (vllm-qaic's mapping); other values go to vLLM's parser."""
+
+    def convert(value: str) -> Any:
+        if value == "mxint8":
+            return "fp8"
+        return inner(value) if callable(inner) else value
+
+    return convert

@@ -26,6 +26,8 @@ def validate_model(vllm_config: VllmConfig) -> None:
             f"--runner {model_config.runner_type} is not supported on the qaic AOT path: "
             "only text generation (--runner generate) is served"
         )
+    if model_config.use_mla:
+        raise QaicConfigError("MLA attention models (DeepSeek V2/V3 style) are not supported on Cloud AI")
     archs = list(getattr(model_config.hf_config, "architectures", None) or model_config.architectures or [])
     supported = supported_architectures()
     if not archs or not any(a in supported for a in archs):
@@ -33,8 +35,6 @@ def validate_model(vllm_config: VllmConfig) -> None:
             f"model architecture {archs or 'unknown'} is not supported on Cloud AI (AOT path); "
             f"supported: {', '.join(sorted(supported))}"
         )
-    if model_config.use_mla:
-        raise QaicConfigError("MLA attention models (DeepSeek V2/V3 style) are not supported on Cloud AI")
     if getattr(model_config, "is_multimodal_model", False):
         raise QaicConfigError("multimodal models are not supported on the qaic AOT path yet")
     max_pos = getattr(model_config.hf_text_config, "max_position_embeddings", None) or getattr(
