@@ -197,3 +197,23 @@ def test_accepts_flags_qefficient_passes(tmp_path: Path) -> None:
     compile_argv(_argv(tmp_path, onnx_path, *flags))
     manifest, _ = qpcfile.read_manifest(tmp_path / "qpc")
     assert manifest.convert_to_fp16 and list(manifest.argv[-len(flags) :]) == list(flags)
+
+
+def test_graph_the_executor_cannot_run_fails_at_compile(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    from qaic_core.errors import QaicError
+
+    graph = helper.make_graph(
+        [helper.make_node("Mystery", ["x"], ["y"], domain="com.example")],
+        "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    with pytest.raises(QaicError, match="cannot be compiled for the simulator"):
+        compile_argv(["-aic-hw", f"-m={tmp_path / 'bad.onnx'}", f"-aic-binary-dir={tmp_path / 'qpc'}"])
+    assert not (tmp_path / "qpc" / layout.PROGRAM_FILE).exists()

@@ -14,7 +14,7 @@ import onnx
 from onnx import TensorProto
 
 from qaic_core import qpc as layout
-from qaic_core.errors import QaicConfigError
+from qaic_core.errors import QaicConfigError, QaicError
 from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, Specialization
 from qaic_sim import aicapi, mx, transforms
 from qaic_sim.compiler_flags import CompileOptions, parse_argv
@@ -64,6 +64,8 @@ def compile_argv(argv: Sequence[str]) -> Path:
         transforms.round_weights_fp16(model, skip=mx_weights)
         transforms.round_activations_fp16(model)
 
+    model_bytes = model.SerializeToString()
+    _check_executable(model_bytes, opts.model)
     spec_dims = [_spec_dims(model, inputs, outputs, s) for s in specs]
     bindings = _bindings(inputs, outputs, spec_dims, precisions, retained)
     manifest = ProgramManifest(
@@ -88,7 +90,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
         extra[layout.CUSTOM_IO_FILE] = opts.custom_io.read_bytes()
     if opts.mdp_config is not None:
         extra["mdp.json"] = opts.mdp_config.read_bytes()
-    path = write_program(opts.binary_dir, manifest, model.SerializeToString(), iodesc_bytes(manifest), extra)
+    path = write_program(opts.binary_dir, manifest, model_bytes, iodesc_bytes(manifest), extra)
     log.info(
         "compiled %s: %d bindings, %d specializations, %.1f MB device memory, in %.2fs",
         path,
@@ -98,6 +100,19 @@ def compile_argv(argv: Sequence[str]) -> Path:
         time.perf_counter() - start,
     )
     return path
+
+
+def _check_executable(model_bytes: bytes, source: Path) -> None:
+    """Fail at compile time, as the real compiler does, on a graph the executor cannot run."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1
+    try:
+        ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises several unrelated types
+        raise QaicError(f"{source}: the graph cannot be compiled for the simulator: {exc}") from exc
 
 
 def _retained_pairs(

@@ -247,8 +247,10 @@ class ExecObj:
         spec = image.manifest.specs[k]
         self.lastSpecialization = spec.name
         for dev in program.devices:
-            dev.runs += 1
-            forced = faults.on_run(dev.qid, dev.runs)
+            with dev.lock:
+                dev.runs += 1
+                count = dev.runs
+            forced = faults.on_run(dev.qid, count)
             if forced is not None:
                 raise Failure(forced, f"injected fault on QID {dev.qid}: {forced.name}")
         config = get_topology().config

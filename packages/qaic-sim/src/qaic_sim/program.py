@@ -188,6 +188,11 @@ class Program:
                     dev.lock.release()
         except Failure as exc:
             return self._fail(exc)
+        try:
+            self.image.session(get_topology().config.threads)
+        except Exception as exc:  # the executor's errors become a load failure
+            _free(devices, [d.generation for d in devices], 0, per_device)
+            return self._fail(Failure(QStatus.ERROR, f"the program cannot be loaded: {exc}"))
         self.devices = devices
         self.generations = [d.generation for d in devices]
         self._held = {"nsp": 0, "dram": per_device}
