@@ -94,3 +94,34 @@ def test_mistral_reference_depends_on_its_sliding_window(tiny_model_factory: Cal
     with torch.no_grad():
         full = unwindowed(torch.tensor([tokens])).logits[0].numpy()
     assert np.abs(full[-1] - ref.logits(tokens)[-1]).max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [{"rope_type": "linear", "factor": 4.0}, {"rope_type": "dynamic", "factor": 2.0}],
+    ids=["linear", "dynamic"],
+)
+def test_llama_rope_scaling_variants(
+    rope_scaling: dict[str, object], tiny_llama: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    model_dir = tmp_path / "scaled"
+    shutil.copytree(tiny_llama, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config["rope_scaling"] = rope_scaling
+    (model_dir / "config.json").write_text(json.dumps(config))
+    ref = HFReference(model_dir)
+    tokens = more_prompts(ref.tokenizer)[3]
+    expected = ref.logits(tokens)
+    if (
+        rope_scaling["rope_type"] == "linear"
+    ):  # the scaling reaches the reference (dynamic only acts past max)
+        assert np.abs(expected - HFReference(tiny_llama).logits(tokens)).max() > 1e-3
+    result = export_onnx(model_dir, tmp_path / "model.onnx", SETTINGS, progress=False)
+    decoder = OrtDecoder(result.onnx_path)
+    np.testing.assert_allclose(decoder.prefill(1, tokens[:-1]), expected[-2], atol=ATOL)
+    ids, pos = np.array([[0], [tokens[-1]], [0]]), np.array([[-1], [len(tokens) - 1], [-1]])
+    np.testing.assert_allclose(decoder.run(ids, pos, np.arange(3))[1], expected[-1], atol=ATOL)
