@@ -306,3 +306,39 @@ def test_fp16_datapath_keeps_kv_at_fp16_values(tmp_path: Path) -> None:
     k = r16(r16(inputs["x"]) @ r16(w))  # the last prefill wrote slot FBS-1
     np.testing.assert_allclose(held[FBS - 1, 0, :PRE], k[0], rtol=1e-3, atol=1e-3)
     s.deactivate()
+
+
+def test_qbuffer_over_an_array_receives_the_output(kv_program: tuple[Path, np.ndarray]) -> None:
+    qpc, w = kv_program
+    ctx = qaicrt.Context()
+    program = qaicrt.Program(ctx, 3, qaicrt.Qpc(str(qpc)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    exe = qaicrt.ExecObj(ctx, program)
+    inputs = _decode(np.random.default_rng(13), [2, 3])
+    y = np.zeros((FBS, D), np.float32)
+    buffers = [
+        qaicrt.QBuffer(inputs["x"]),
+        qaicrt.QBuffer(inputs["position_ids"].tobytes()),
+        qaicrt.QBuffer(inputs["batch_index"]),
+        qaicrt.QBuffer(b""),
+        qaicrt.QBuffer(y),
+        qaicrt.QBuffer(bytearray(0)),
+    ]
+    dims = qaicrt.BufferDimensionsVecRef(
+        [(4, [FBS, 1, D]), (8, [FBS, 1]), (8, [FBS, 1]), (4, [0]), (4, [FBS, D]), (4, [0])]
+    )
+    assert dims[3] == (4, [0])  # dims read back as lists, as the real binding returns them
+    assert exe.setData(buffers, dims) == QStatus.SUCCESS
+    qaicrt.Queue(ctx, 3).enqueue(exe)
+    assert exe.waitForCompletion() == QStatus.SUCCESS
+    expected = KvReference(w, FBS, CTX).run(inputs["x"], inputs["position_ids"], inputs["batch_index"])
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    status, outs = exe.getData()
+    assert status == QStatus.SUCCESS and outs[5].size == 0
+    np.testing.assert_array_equal(np.frombuffer(bytes(outs[4]), np.float32).reshape(FBS, D), y)
+    bad = qaicrt.BufferDimensionsVecRef(
+        [(4, [FBS, 1, D]), (8, [FBS, 1]), (8, [FBS, 1]), (4, [0]), (4, [FBS, D + 1]), (4, [0])]
+    )
+    assert exe.setData(buffers, bad) == QStatus.INVAL
+    assert "holds 64 bytes but dims [2, 9] need 72" in exe.lastError
+    program.unload()

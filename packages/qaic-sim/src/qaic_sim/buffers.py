@@ -46,6 +46,17 @@ class QBuffer:
             return self._array.reshape(shape)
         return np.frombuffer(self.buf, dtype=dtype).reshape(shape)
 
+    def writable_array(self, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray | None:
+        """A writable view of the memory as ``dtype``/``shape``, or None for read-only bytes."""
+        if self._array is not None:
+            if not self._array.flags.writeable:
+                return None
+            flat = self._array.reshape(-1).view(np.uint8)
+            return flat.view(dtype).reshape(shape)
+        if isinstance(self._data, (bytearray, memoryview)) and not memoryview(self._data).readonly:
+            return np.frombuffer(self._data, dtype=dtype).reshape(shape)
+        return None
+
     def __repr__(self) -> str:
         return f"QBuffer(size={self.size})"
 

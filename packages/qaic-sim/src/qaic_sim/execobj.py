@@ -88,7 +88,9 @@ class ExecObj:
             if b.dir == Direction.IN:
                 arrays.append(qb.array(dt, tuple(shape)))
             else:
-                arrays.append(np.empty(tuple(shape), dtype=dt))
+                # Outputs land in the caller's buffer when it is writable (an ndarray or bytearray).
+                target = qb.writable_array(dt, tuple(shape))
+                arrays.append(target if target is not None else np.empty(tuple(shape), dtype=dt))
         self._arrays = arrays
         self._inputs_qb = list(buffers)
         self._qbuffer_mode = True
