@@ -72,6 +72,14 @@ def test_constants_are_the_global_fit() -> None:
     assert e1 == pytest.approx(timing.BATCH1_COMPUTE_EFFICIENCY, rel=0.02)
 
 
+def test_rows_support_no_fixed_costs() -> None:
+    """Refitting with a launch overhead or a per-collective latency only makes the fit worse."""
+    best = fidelity.fit()[0]
+    assert best < fidelity.fit(launch_overhead_s=0.5e-3)[0]
+    assert best < fidelity.fit(p2p_latency_s=20e-6)[0]
+    assert timing.LAUNCH_OVERHEAD_S == 0.0 and timing.P2P_LATENCY_S == 0.0
+
+
 def test_fit_holds_out_of_sample() -> None:
     """Leave-one-out: every row predicted by constants fitted without it still meets the target."""
     assert fidelity.median_abs_error_pct(fidelity.leave_one_out_rows()) <= 15.0

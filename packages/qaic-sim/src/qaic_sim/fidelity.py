@@ -155,9 +155,23 @@ def _loss(inputs: list[tuple[PublishedRow, ProgramCost, HardwareModel]], bw: flo
     return float(np.mean(np.square(errs)))
 
 
-def fit_constants(skip: int | None = None, ultra_devices: int = ULTRA_DEVICES) -> tuple[float, float]:
-    """The one global fit: (bandwidth efficiency, batch-1 compute efficiency) minimising log error over all rows."""
-    inputs = [x for i, x in enumerate(_row_inputs(ultra_devices)) if i != skip]
+def fit(
+    skip: int | None = None,
+    ultra_devices: int = ULTRA_DEVICES,
+    *,
+    launch_overhead_s: float = 0.0,
+    p2p_latency_s: float = 0.0,
+) -> tuple[float, float, float]:
+    """(loss, bandwidth efficiency, batch-1 compute efficiency) minimising log error over the rows.
+
+    The fixed costs are held at the given values while the two efficiencies are fitted, so a scan
+    over them shows which fixed costs the published rows support.
+    """
+    inputs = [
+        (row, cost, dataclasses.replace(hw, launch_overhead_s=launch_overhead_s, p2p_latency_s=p2p_latency_s))
+        for i, (row, cost, hw) in enumerate(_row_inputs(ultra_devices))
+        if i != skip
+    ]
     bw_lo, bw_hi, e_lo, e_hi = math.log(0.2), math.log(1.0), math.log(1e-4), math.log(1e-1)
     best = (math.inf, 0.0, 0.0)
     for _ in range(4):  # a grid in log space, zoomed around the best point each round
@@ -169,7 +183,13 @@ def fit_constants(skip: int | None = None, ultra_devices: int = ULTRA_DEVICES) -
         step_bw, step_e = (bw_hi - bw_lo) / 10, (e_hi - e_lo) / 10
         bw_lo, bw_hi = best[1] - step_bw, min(best[1] + step_bw, 0.0)
         e_lo, e_hi = best[2] - step_e, best[2] + step_e
-    return math.exp(best[1]), math.exp(best[2])
+    return best[0], math.exp(best[1]), math.exp(best[2])
+
+
+def fit_constants(skip: int | None = None, ultra_devices: int = ULTRA_DEVICES) -> tuple[float, float]:
+    """The one global fit: (bandwidth efficiency, batch-1 compute efficiency) over all rows (or all but ``skip``)."""
+    _, bw, e1 = fit(skip, ultra_devices)
+    return bw, e1
 
 
 def leave_one_out_rows() -> list[dict[str, Any]]:
