@@ -24,9 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from qaic_core import qpc as layout
+from qaic_core.errors import QaicError
 
 log = logging.getLogger("qaic.aot.cache")
 
@@ -73,14 +74,28 @@ def hash_params(params: dict[str, Any]) -> str:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold an inter-process lock named ``<path>.lock`` (next to the entry it guards)."""
+    """Hold an inter-process lock named ``<path>.lock`` (next to the entry it guards).
+
+    The lock is an OS file lock, released by the kernel if its holder dies, so it never goes stale.
+    """
     lock_path = Path(str(path) + ".lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S)
-    if lock.is_locked:
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
         log.info("waiting for another process building %s", path)
-    with lock:
+        try:
+            lock.acquire(timeout=LOCK_TIMEOUT_S)
+        except Timeout as exc:
+            raise QaicError(
+                f"gave up after {LOCK_TIMEOUT_S:.0f} s waiting for another process to build {path} "
+                f"(lock {lock_path})"
+            ) from exc
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def build_dir_atomically(final: Path, build: Callable[[Path], None]) -> None:
