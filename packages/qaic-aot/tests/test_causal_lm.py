@@ -119,3 +119,32 @@ def test_too_long_prompts_name_ctx_len(lm: CausalLM) -> None:
         lm.prefill_chunk(0, [5] * 9, 0)
     with pytest.raises(QaicConfigError, match="full_batch_size is 2"):
         lm.decode({2: (5, 0)})
+
+
+def test_speculative_decode_returns_one_logits_row_per_token(
+    tiny_llama: Path, hf: Any, prompts: list[list[int]], tmp_path: Path
+) -> None:
+    settings = SETTINGS.replace(num_speculative_tokens=2)
+    qpc = compile_model(tiny_llama, settings, qeff_home=tmp_path, progress=False)
+    session = QAICInferenceSession(qpc)
+    try:
+        spec = CausalLM(session, settings)
+        a, b = prompts[0], prompts[2]
+        ta = int(np.argmax(spec.prefill(0, a)))
+        tb = int(np.argmax(spec.prefill(1, b)))
+        drafts_a, drafts_b = [ta, 7, 9], [tb]
+        out = spec.decode_tokens({0: (drafts_a, len(a)), 1: (drafts_b, len(b))})
+        assert out[0].shape == (3, 320) and out[1].shape == (1, 320)
+        with torch.no_grad():
+            ref_a = hf(torch.tensor([[*a, *drafts_a]])).logits[0, -3:].numpy()
+        np.testing.assert_allclose(out[0], ref_a, atol=1e-4)
+        np.testing.assert_allclose(out[1][0], _hf_last_logits(hf, [*b, tb]), atol=1e-4)
+        # The single-token decode still runs on the same program.
+        ub = int(np.argmax(out[1][0]))
+        np.testing.assert_allclose(
+            spec.decode({1: (ub, len(b) + 1)})[1], _hf_last_logits(hf, [*b, tb, ub]), atol=1e-4
+        )
+        with pytest.raises(QaicConfigError, match="1 to 3"):
+            spec.decode_tokens({0: ([1, 2, 3, 4], 0)})
+    finally:
+        session.deactivate()

@@ -68,6 +68,10 @@ class CausalLM:
         retained = [n for n in session.output_names if n.endswith("_RetainedState")]
         kv_inputs = [n for n in session.input_names if n.startswith("past_")]
         session.skip_buffers(kv_inputs + retained)
+        self.decode_seq_len = settings.decode_seq_len
+        if "num_logits_to_keep" in names:
+            # An integer that travels as a shape: logits come back for the last K+1 tokens of each row.
+            session.set_buffers({"num_logits_to_keep": np.zeros((self.decode_seq_len, 1), np.int64)})
 
     def _check_kv_geometry(self, bindings: Mapping[str, Any]) -> None:
         kv = bindings.get("past_key.0")
@@ -160,6 +164,39 @@ class CausalLM:
 
     def decode(self, rows: Mapping[int, tuple[int, int]]) -> dict[int, np.ndarray]:
         result: dict[int, np.ndarray] = self.submit_decode(rows).wait()
+        return result
+
+    def submit_decode_tokens(self, rows: Mapping[int, tuple[Sequence[int], int]]) -> LogitsHandle:
+        """Start a full-batch run of up to K+1 tokens per row (speculative verification).
+
+        rows maps slot -> (token_ids, position of the first); wait() gives slot -> logits
+        [len(token_ids), vocab], one row per token. Needs a program compiled with
+        ``num_speculative_tokens`` K.
+        """
+        fbs, width = self.full_batch_size, self.decode_seq_len
+        ids = np.zeros((fbs, width), np.int64)
+        pos = np.full((fbs, width), PAD_POSITION, np.int64)
+        counts: dict[int, int] = {}
+        for slot, (tokens, start) in rows.items():
+            self._check_slot(slot)
+            n = len(tokens)
+            if not 1 <= n <= width:
+                raise QaicConfigError(
+                    f"slot {slot}: {n} tokens in one decode, the program takes 1 to {width} "
+                    f"(num_speculative_tokens + 1): compile with a larger --num-speculative-tokens"
+                )
+            self._check_positions(start + n - 1, f"the sequence in slot {slot}")
+            ids[slot, :n] = tokens
+            pos[slot, :n] = np.arange(start, start + n)
+            counts[slot] = n
+        inputs = {"input_ids": ids, "position_ids": pos}
+        if self.continuous_batching:
+            inputs["batch_index"] = np.arange(fbs, dtype=np.int64).reshape(fbs, 1)
+        run = self.session.submit(inputs, self.decode_exec)
+        return LogitsHandle(run, lambda out: {s: out["logits"][s, -n:] for s, n in counts.items()})
+
+    def decode_tokens(self, rows: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
+        result: dict[int, np.ndarray] = self.submit_decode_tokens(rows).wait()
         return result
 
     # -- generation -----------------------------------------------------------------------

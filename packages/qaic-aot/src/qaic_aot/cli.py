@@ -40,6 +40,12 @@ def _compile_flags(parser: argparse.ArgumentParser) -> None:
         "--fp16", dest="fp16", action="store_true", default=True, help="compute in fp16 (default)"
     )
     prec.add_argument("--fp32", dest="fp16", action="store_false", help="keep fp32 (no -convert-to-fp16)")
+    g.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="K: add a decode of K+1 tokens (draft verification)",
+    )
     g.add_argument("--mos", type=int, default=None, help="compiler -mos value")
     g.add_argument("--aic-enable-depth-first", action="store_true", help="compiler -aic-enable-depth-first")
     g.add_argument("--compiler-args", default="", help="extra qaic-compile flags, as one quoted string")
@@ -63,6 +69,7 @@ def settings_from_args(args: argparse.Namespace) -> CompileSettings:
         "mxint8": args.mxint8,
         "convert_to_fp16": args.fp16,
         "mos": args.mos,
+        "num_speculative_tokens": args.num_speculative_tokens,
         "aic_enable_depth_first": args.aic_enable_depth_first,
         "compiler_args": tuple(shlex.split(args.compiler_args)),
     }
