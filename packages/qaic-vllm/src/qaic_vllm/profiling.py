@@ -32,18 +32,17 @@ class IterationTracer:
     """Writes ``lrt_trace_iter{N}_pid{P}`` under the profiler dir for each step while profiling."""
 
     def __init__(self, backend: Any) -> None:
-        raw = os.environ.get(PROFILER_DIR_ENV, "").strip()
-        self.root = Path(raw).expanduser() if raw else None
-        self.module = trace_module(backend) if self.root is not None else None
+        self.backend = backend
+        self.root: Path | None = None
+        self.module: ModuleType | None = None
         self.active = False
         self.iteration = 0
         self._open = False
 
-    @property
-    def enabled(self) -> bool:
-        return self.root is not None
-
     def start(self) -> None:
+        raw = os.environ.get(PROFILER_DIR_ENV, "").strip()
+        self.root = Path(raw).expanduser() if raw else None
+        self.module = trace_module(self.backend) if self.root is not None else None
         if self.root is None:
             log.info("%s is not set: profiling is off", PROFILER_DIR_ENV)
             return

@@ -185,4 +185,8 @@ class QaicWorker(WorkerBase):
     def shutdown(self) -> None:
         if self.tracer is not None:
             self.tracer.stop()
+        if self.runner is not None:
+            session = getattr(self.runner.lm, "session", None)
+            if session is not None and getattr(session, "is_active", False):
+                session.deactivate()  # frees the NSP cores for the next program
         self.runner = None

@@ -38,7 +38,7 @@ class BenchSettings:
             prefill_seq_len=64,
             host_batches=(1, 8, 32),
             host_input_len=16,
-            host_output_len=24,
+            host_output_len=48,
             pace_as=pace_as,
         )
 
@@ -53,7 +53,7 @@ class BenchSettings:
             prefill_seq_len=128,
             host_batches=(1, 8, 32),
             host_input_len=32,
-            host_output_len=48,
+            host_output_len=64,
             pace_as=pace_as,
         )
 
