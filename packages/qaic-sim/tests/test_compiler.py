@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import D, compile_program, kv_specs, write_kv_model, write_matmul_model
 from onnx import numpy_helper
+from sim_programs import D, compile_program, kv_specs, write_kv_model, write_matmul_model
 
 from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import D, KvReference, compile_program, kv_specs, write_kv_model
+from sim_programs import D, KvReference, compile_program, kv_specs, write_kv_model
 
 from qaic_core.errors import QaicConfigError
 from qaic_sim import faults, qaicrt

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import D, KvReference, compile_program, kv_specs, write_kv_model, write_matmul_model
+from sim_programs import D, KvReference, compile_program, kv_specs, write_kv_model, write_matmul_model
 
 from qaic_core.errors import QaicRuntimeError
 from qaic_core.types import Specialization

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import D, KvReference, compile_program, kv_specs, write_kv_model
 from qeff_session import QeffStyleSession
+from sim_programs import D, KvReference, compile_program, kv_specs, write_kv_model
 
 from qaic_sim import aicapi, mx, qaicrt
 from qaic_sim.qaicrt import QStatus

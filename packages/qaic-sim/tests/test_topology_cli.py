@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import compile_program, kv_specs, write_kv_model
+from sim_programs import compile_program, kv_specs, write_kv_model
 
 from qaic_core.errors import QaicConfigError
 from qaic_core.manager import get_plugin_manager
