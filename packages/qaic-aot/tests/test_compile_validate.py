@@ -34,6 +34,11 @@ def test_every_setting_mismatch_is_named_with_its_flag(llama_qpc: Path, tiny_lla
     assert "full_batch_size: program [2], requested 4" in message and "--full-batch-size" in message
 
 
+def test_a_program_without_speculative_decode_is_refused(llama_qpc: Path, tiny_llama: Path) -> None:
+    with pytest.raises(QaicConfigError, match="--num-speculative-tokens 3"):
+        validate_qpc(llama_qpc, tiny_llama, SETTINGS.replace(num_speculative_tokens=3))
+
+
 def test_another_models_program_is_refused(
     llama_qpc: Path, tiny_model_factory: Callable[[str], Path]
 ) -> None:

@@ -94,6 +94,14 @@ def validate_qpc(
             "full_batch_size: the program was compiled without continuous batching (no batch_index input): "
             "recompile with --full-batch-size"
         )
+    if settings.num_speculative_tokens:
+        k1 = settings.num_speculative_tokens + 1
+        widths = {s.symbols.get("seq_len") for s in specs if s.name != "Prefill"}
+        if k1 not in widths or "num_logits_to_keep" not in bindings:
+            problems.append(
+                f"num_speculative_tokens: the program has no decode of {k1} tokens: recompile with "
+                f"--num-speculative-tokens {settings.num_speculative_tokens}"
+            )
     if problems:
         raise QaicConfigError(
             f"the compiled program {qpc_dir} does not fit model {model_dir} and these settings:\n  - "
