@@ -12,7 +12,7 @@ def _f(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def describe(s: BenchSettings, dtype: str, results: Mapping[str, Any]) -> dict[str, str]:
+def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any]) -> dict[str, str]:
     """One paragraph per report key."""
     workload = (
         f"{s.num_prompts} requests of {s.input_len} prompt tokens and exactly {s.output_len} output tokens "
@@ -30,7 +30,7 @@ def describe(s: BenchSettings, dtype: str, results: Mapping[str, Any]) -> dict[s
     )
     return {
         "stack_overhead": (
-            f"`vllm serve` of the default model on the simulator, paced with `QAIC_SIM_PACE=1 "
+            f"`vllm serve` of `{model}` on the simulator, paced with `QAIC_SIM_PACE=1 "
             f"QAIC_SIM_PACE_AS={s.pace_as}` (each run takes the modelled device time of that shape on one "
             f"{s.topology} SoC while the small model is computed), measured by `vllm bench serve --backend openai "
             f"--dataset-name random`: {workload}. serve tok/s is its `output_throughput` "
@@ -48,7 +48,8 @@ def describe(s: BenchSettings, dtype: str, results: Mapping[str, Any]) -> dict[s
             f"steps with every slot busy ({host_rows or 'n/a'})."
         ),
         "hf_baseline": (
-            f"transformers `generate` (greedy, {dtype}, {hf.get('threads', '?')} torch threads) on the same model, "
+            f"transformers `generate` (greedy, {dtype}, {hf.get('threads', '?')} torch threads: the faster of one "
+            "thread and all cores in a short trial) on the same model, "
             f"the same prompt lengths and output length in batches of {s.batch}, against the unpaced `vllm serve` "
             f"run of the same workload ({_f(unpaced.get('output_throughput', '?'))} tok/s). ratio = serve / "
             "transformers: both compute the small model on this CPU, so this compares the stacks, not devices."
@@ -59,7 +60,8 @@ def describe(s: BenchSettings, dtype: str, results: Mapping[str, Any]) -> dict[s
         ),
         "startup_s": (
             "Seconds from launching `vllm serve` until both `/health` and `/v1/models` answer. First: an empty "
-            "`QEFF_HOME`, so the model is exported to ONNX and compiled. Cached: a second start with the same "
-            "`QEFF_HOME`, which reuses the QPC. Both unpaced."
+            "`QEFF_HOME`, so the model is exported to ONNX and compiled (the unpaced server). Cached: the next "
+            "start with the same `QEFF_HOME` and engine arguments, which reuses the QPC (the paced server; "
+            "pacing changes no compile setting and only lengthens device runs)."
         ),
     }

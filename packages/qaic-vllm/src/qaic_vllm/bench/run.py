@@ -191,6 +191,6 @@ class Runner:
         for key in ("stack_overhead", "host_overhead_us", "hf_baseline", "timing_model", "startup_s"):
             if key not in self.report.data:
                 self.report.errors.setdefault(key, "not measured: an earlier part failed (see the log above)")
-        self.report.methods = methods.describe(self.s, self.dtype, self.results)
+        self.report.methods = methods.describe(self.s, self.dtype, self.model.name, self.results)
         self.report.details = {"settings": self.s.to_dict(), "dtype": self.dtype, "model": str(self.model)}
         return self.report
