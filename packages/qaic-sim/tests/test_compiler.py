@@ -217,3 +217,39 @@ def test_graph_the_executor_cannot_run_fails_at_compile(tmp_path: Path) -> None:
     with pytest.raises(QaicError, match="cannot be compiled for the simulator"):
         compile_argv(["-aic-hw", f"-m={tmp_path / 'bad.onnx'}", f"-aic-binary-dir={tmp_path / 'qpc'}"])
     assert not (tmp_path / "qpc" / layout.PROGRAM_FILE).exists()
+
+
+def test_output_with_wrong_declared_dims_fails_the_run_clearly(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Constant", [], ["ax"], value=numpy_helper.from_array(np.array([1], np.int64), "ax")
+            ),
+            helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=1),
+        ],
+        "liar",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", "seq_len"])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch_size", "seq_len"])
+        ],  # really [batch, 1]
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "liar.onnx")
+    )
+    qpc = compile_program(
+        tmp_path / "p",
+        tmp_path / "liar.onnx",
+        [Specialization("s", {"batch_size": 1, "seq_len": 4})],
+        flags=(),
+    )
+    ctx = qaicrt.Context()
+    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(qpc)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    exe = qaicrt.ExecObj(ctx, program)
+    exe.setData([(0, np.ones((1, 4), np.float32)), (1, np.zeros((1, 4), np.float32))])
+    qaicrt.Queue(ctx, 0).enqueue(exe)
+    assert exe.waitForCompletion() == QStatus.ERROR
+    assert "output 'y' came out as [1, 1] but specialization 's' declares [1, 4]" in exe.lastError
+    program.unload()

@@ -284,7 +284,13 @@ class ExecObj:
             target = self._arrays[b.index]
             if target is None:
                 continue
-            np.copyto(target, value.reshape(target.shape), casting="unsafe")
+            if value.shape != target.shape:
+                raise Failure(
+                    QStatus.ERROR,
+                    f"output {b.name!r} came out as {list(value.shape)} but specialization {spec.name!r} "
+                    f"declares {list(target.shape)}: fix the output's dims in the ONNX and recompile",
+                )
+            np.copyto(target, value, casting="unsafe")
             out_results[b.index] = target
         for direction, b, arr, starts in self._slices:
             if direction == Direction.OUT:
