@@ -145,3 +145,20 @@ def test_cli_compile_and_qpc(tmp_path: Path) -> None:
     )
     bad = _cli("compile", "-aic-hw", f"-m={onnx_path}", "-nonsense")
     assert bad.returncode == 2 and "unknown qaic-compile flag '-nonsense'" in bad.stdout
+
+
+def test_every_simulator_variable_and_fault_kind_is_documented() -> None:
+    from qaic_sim import config, faults
+
+    page = Path(__file__).resolve().parents[3] / "docs" / "simulator.md"
+    if not page.is_file():
+        pytest.skip("docs are not part of this checkout")
+    text = page.read_text()
+    names = [v for k, v in vars(config).items() if k.startswith("QAIC_SIM_") and isinstance(v, str)]
+    assert len(names) == 7
+    for name in names:
+        assert f"`{name}`" in text, name
+    for kind in faults.KINDS:
+        assert f"`{kind}`" in text, kind
+    for preset in config.PACE_PRESETS:
+        assert f"`{preset}`" in text, preset
