@@ -234,3 +234,34 @@ def test_export_logs_its_stages(tiny_llama: Path, tmp_path: Path, caplog: pytest
     messages = " ".join(r.getMessage() for r in caplog.records if r.name == "qaic.aot.export")
     assert "building llama decoder graph" in messages
     assert "exported" in messages
+
+
+def test_exporter_choice_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qaic_aot.export.onnx_export import choose_exporter
+    from qaic_aot.export.qeff import qefficient_available
+
+    monkeypatch.setenv("QAIC_AOT_EXPORTER", "qaic")
+    assert choose_exporter() == "qaic"
+    monkeypatch.setenv("QAIC_AOT_EXPORTER", "torchscript")
+    with pytest.raises(QaicConfigError, match="qefficient, qaic"):
+        choose_exporter()
+    monkeypatch.delenv("QAIC_AOT_EXPORTER")
+    assert choose_exporter() == ("qefficient" if qefficient_available() else "qaic")
+    if not qefficient_available():
+        monkeypatch.setenv("QAIC_AOT_EXPORTER", "qefficient")
+        with pytest.raises(QaicConfigError, match="pip install QEfficient"):
+            choose_exporter()
+
+
+def test_an_export_written_elsewhere_is_moved_to_the_requested_path(
+    llama_cb: tuple[ExportResult, ort.InferenceSession], tmp_path: Path
+) -> None:
+    from qaic_aot.export.onnx_export import _save
+    from qaic_aot.export.qeff import relocate_onnx
+
+    result, _ = llama_cb
+    target = tmp_path / "moved" / "model.onnx"
+    target.parent.mkdir()
+    assert relocate_onnx(result.onnx_path, target, _save) == target
+    original, moved = onnx.load(str(result.onnx_path)), onnx.load(str(target))
+    assert moved.SerializeToString() == original.SerializeToString()

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from qaic_aot.export import contract
 from qaic_aot.export.decoder import DecoderGraph
 from qaic_aot.export.families import check_architecture, decoder_spec
-from qaic_aot.export.qeff import export_with_qefficient, qefficient_available
+from qaic_aot.export.qeff import export_with_qefficient, qefficient_available, relocate_onnx
 from qaic_aot.export.weights import WeightSource, load_weights, weight_files
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import CompileSettings
@@ -83,7 +83,8 @@ def export_onnx(
     exporter = choose_exporter()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if exporter == "qefficient":
-        onnx_path = export_with_qefficient(model_dir, out_path.parent, settings)
+        produced = export_with_qefficient(model_dir, out_path.parent / "qefficient-export", settings)
+        onnx_path = relocate_onnx(produced, out_path, _save)
     else:
         onnx_path = _export_ours(model_dir, out_path, settings, config, progress)
     return contract.ExportResult(

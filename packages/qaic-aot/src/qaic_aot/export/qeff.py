@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from pathlib import Path
+
+import onnx
 
 from qaic_core.settings import CompileSettings
 
@@ -17,7 +20,11 @@ def qefficient_available() -> bool:
 
 
 def export_with_qefficient(model_dir: Path, out_dir: Path, settings: CompileSettings) -> Path:
-    """``QEFFAutoModelForCausalLM.from_pretrained(...).export(export_dir)``; returns the ONNX path."""
+    """``QEFFAutoModelForCausalLM.from_pretrained(...).export(export_dir)``; returns the ONNX path.
+
+    QEfficient picks its own file name (``<export_dir>/<model>-<hash>/<Model>.onnx``); the caller
+    moves it where it wants it with :func:`relocate_onnx`.
+    """
     from QEfficient import QEFFAutoModelForCausalLM
 
     kwargs: dict[str, object] = {"continuous_batching": settings.full_batch_size is not None}
@@ -26,3 +33,14 @@ def export_with_qefficient(model_dir: Path, out_dir: Path, settings: CompileSett
     logger.info("exporting %s with QEfficient (%s)", model_dir, kwargs)
     model = QEFFAutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     return Path(model.export(export_dir=str(out_dir)))
+
+
+def relocate_onnx(produced: Path, out_path: Path, save: Callable[[onnx.ModelProto, Path, int], None]) -> Path:
+    """Re-save an ONNX written elsewhere (with any external data) at ``out_path``."""
+    if produced.resolve() == out_path.resolve():
+        return out_path
+    model = onnx.load(str(produced))
+    weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    save(model, out_path, weight_bytes)
+    logger.info("moved QEfficient's export %s to %s", produced, out_path)
+    return out_path
