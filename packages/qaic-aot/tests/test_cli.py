@@ -19,9 +19,10 @@ PROMPTS = ["Hello world!", "Once upon a time there was a small decoder that pred
 
 def qaic_aot(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "QEFF_HOME": str(home), "QAIC_BACKEND": os.environ.get("QAIC_BACKEND", "sim")}
-    return subprocess.run(
-        [sys.executable, "-m", "qaic_aot.cli", *args], capture_output=True, text=True, env=env, timeout=600
-    )
+    # The installed console script when there is one (it proves the entry point), else the module.
+    script = Path(sys.executable).parent / "qaic-aot"
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "qaic_aot.cli"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_compile_then_generate_reuses_the_program(
