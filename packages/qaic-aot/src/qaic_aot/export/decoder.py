@@ -42,9 +42,8 @@ class DecoderGraph:
         weight = self.w.get(f"{name}.weight")
         kernel = weight if conv1d else weight.T
         y = self.g.op("MatMul", [x, self.g.weight(f"{name}.weight", kernel)], hint=name)
-        bias = self.w.find(f"{name}.bias")
-        if bias is not None:
-            y = self.g.op("Add", [y, self.g.weight(f"{name}.bias", bias)])
+        if self.w.has(f"{name}.bias"):
+            y = self.g.op("Add", [y, self.g.weight(f"{name}.bias", self.w.get(f"{name}.bias"))])
         return y
 
     def norm(self, x: str, name: str) -> str:

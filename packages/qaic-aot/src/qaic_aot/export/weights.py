@@ -83,10 +83,11 @@ class WeightSource:
         return None
 
     def get(self, name: str) -> np.ndarray:
-        value = self.find(name)
-        if value is None:
-            raise QaicConfigError(
-                f"tensor {self._prefix}{name} is missing from the weights in {self._model_dir}; "
-                "the checkpoint does not match its config.json"
-            )
-        return value
+        """The tensor ``name``, released from the source: the graph holds the only copy from now on."""
+        for key in (self._prefix + name, name):
+            if key in self._weights:
+                return self._weights.pop(key)
+        raise QaicConfigError(
+            f"tensor {self._prefix}{name} is missing from the weights in {self._model_dir}; "
+            "the checkpoint does not match its config.json"
+        )
