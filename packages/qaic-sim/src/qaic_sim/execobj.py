@@ -254,7 +254,7 @@ class ExecObj:
                 count = dev.runs
             forced = faults.on_run(dev.qid, count)
             if forced is not None:
-                raise Failure(forced, f"injected fault on QID {dev.qid}: {forced.name}")
+                raise Failure(QStatus(int(forced)), f"injected fault on QID {dev.qid}: {forced.name}")
         config = get_topology().config
         session = image.session(config.threads)
         for direction, b, arr, starts in self._slices:
@@ -265,8 +265,10 @@ class ExecObj:
                 program.store_state(b, state)
         feeds: dict[str, np.ndarray] = {}
         for b in image.inputs:
-            arr = self._arrays[b.index]
-            if arr is None:
+            given = self._arrays[b.index]
+            if given is not None:
+                arr = given
+            else:
                 if b.name not in image.retained:
                     raise Failure(
                         QStatus.INVAL,
