@@ -96,32 +96,53 @@ def test_mistral_reference_depends_on_its_sliding_window(tiny_model_factory: Cal
     assert np.abs(full[-1] - ref.logits(tokens)[-1]).max() > 1e-2
 
 
-@pytest.mark.parametrize(
-    "rope_scaling",
-    [{"rope_type": "linear", "factor": 4.0}, {"rope_type": "dynamic", "factor": 2.0}],
-    ids=["linear", "dynamic"],
-)
-def test_llama_rope_scaling_variants(
-    rope_scaling: dict[str, object], tiny_llama: Path, tmp_path: Path
-) -> None:
+ROPE_VARIANTS = {
+    # Older config.json files spell rope settings as rope_scaling; transformers converts them.
+    "llama-linear": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    "llama-dynamic": ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}),
+    "phi3-partial": (
+        "phi3",
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", list(ROPE_VARIANTS))
+def test_rope_variants(variant: str, tiny_model_factory: Callable[[str], Path], tmp_path: Path) -> None:
     import json
     import shutil
 
-    model_dir = tmp_path / "scaled"
-    shutil.copytree(tiny_llama, model_dir)
+    arch, changes = ROPE_VARIANTS[variant]
+    base = tiny_model_factory(arch)
+    model_dir = tmp_path / variant
+    shutil.copytree(base, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
-    config.pop("rope_parameters", None)
-    config["rope_scaling"] = rope_scaling
+    if "rope_scaling" in changes:
+        config.pop("rope_parameters", None)
+    config.update(changes)
     (model_dir / "config.json").write_text(json.dumps(config))
     ref = HFReference(model_dir)
     tokens = more_prompts(ref.tokenizer)[3]
     expected = ref.logits(tokens)
-    if (
-        rope_scaling["rope_type"] == "linear"
-    ):  # the scaling reaches the reference (dynamic only acts past max)
-        assert np.abs(expected - HFReference(tiny_llama).logits(tokens)).max() > 1e-3
+    if variant != "llama-dynamic":  # the change reaches the reference (dynamic only acts past max)
+        assert np.abs(expected - HFReference(base).logits(tokens)).max() > 1e-3
     result = export_onnx(model_dir, tmp_path / "model.onnx", SETTINGS, progress=False)
     decoder = OrtDecoder(result.onnx_path)
     np.testing.assert_allclose(decoder.prefill(1, tokens[:-1]), expected[-2], atol=ATOL)
     ids, pos = np.array([[0], [tokens[-1]], [0]]), np.array([[-1], [len(tokens) - 1], [-1]])
     np.testing.assert_allclose(decoder.run(ids, pos, np.arange(3))[1], expected[-1], atol=ATOL)
+
+
+def test_large_graphs_keep_weights_in_an_external_file(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qaic_aot.export import onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    result = export_onnx(tiny_llama, tmp_path / "model.onnx", SETTINGS, progress=False)
+    data = tmp_path / "model.onnx.data"
+    assert data.stat().st_size > result.onnx_path.stat().st_size
+    tokens = [9, 8, 7, 6, 5]
+    np.testing.assert_allclose(
+        OrtDecoder(result.onnx_path).prefill(0, tokens), HFReference(tiny_llama).logits(tokens)[-1], atol=ATOL
+    )
