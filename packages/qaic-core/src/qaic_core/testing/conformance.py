@@ -44,17 +44,18 @@ def test_runtime_has_qaicrt_names(qaicrt: ModuleType) -> None:
 
 
 def test_status_codes_match_the_runtime(qaicrt: ModuleType) -> None:
+    # The real runtime spells its codes QS_SUCCESS, QS_NOMEM, ... (as QEfficient compares them).
     for status in QStatus:
-        assert int(getattr(qaicrt.QStatus, status.name)) == status.value, status
+        assert int(getattr(qaicrt.QStatus, f"QS_{status.name}")) == status.value, status
 
 
 def test_devices_are_listed_with_resources(qaicrt: ModuleType) -> None:
     util = qaicrt.Util()
     status, ids = util.getDeviceIds()
-    assert status == qaicrt.QStatus.SUCCESS
+    assert status == qaicrt.QStatus.QS_SUCCESS
     assert len(ids) >= 1
     status, info = util.getResourceInfo(ids[0])
-    assert status == qaicrt.QStatus.SUCCESS
+    assert status == qaicrt.QStatus.QS_SUCCESS
     assert info.nspTotal >= 1 and 0 <= info.nspFree <= info.nspTotal
     assert info.dramTotal > 0 and 0 <= info.dramFree <= info.dramTotal
 
@@ -94,7 +95,7 @@ class _Session:
         self.qpc = qaicrt.Qpc(str(qpc_dir))
         iodesc = aicapi.IoDesc()
         status, data = self.qpc.getIoDescriptor()
-        assert status == qaicrt.QStatus.SUCCESS
+        assert status == qaicrt.QStatus.QS_SUCCESS
         iodesc.ParseFromString(bytes(data))
         self.bindings = list(iodesc.selected_set.bindings)
         self.allowed_shapes = [
@@ -104,8 +105,8 @@ class _Session:
         props = qaicrt.QAicProgramProperties()
         props.dataPathTimeoutMs = 60000
         self.program = qaicrt.Program(self.ctx, self.device, self.qpc, props)
-        assert self.program.load() == qaicrt.QStatus.SUCCESS
-        assert self.program.activate() == qaicrt.QStatus.SUCCESS
+        assert self.program.load() == qaicrt.QStatus.QS_SUCCESS
+        assert self.program.activate() == qaicrt.QStatus.QS_SUCCESS
         self.exe = qaicrt.ExecObj(self.ctx, self.program)
 
     def run(
@@ -126,7 +127,7 @@ class _Session:
         self.exe.setData(buffers, self.rt.BufferDimensionsVecRef(dims))
         self.queue.enqueue(self.exe)
         status = self.exe.waitForCompletion()
-        if status != self.rt.QStatus.SUCCESS:
+        if status != self.rt.QStatus.QS_SUCCESS:
             return int(status), {}
         status, outs = self.exe.getData()
         result = {}
@@ -195,11 +196,8 @@ def test_unmatched_shapes_fail_the_wait(
 
 
 def _ok(qaicrt: ModuleType) -> int:
-    """SUCCESS under either spelling the runtime uses (``SUCCESS`` or ``QS_SUCCESS``)."""
-    value: Any = getattr(qaicrt.QStatus, "SUCCESS", None)
-    if value is None:
-        value = getattr(qaicrt.QStatus, "QS_SUCCESS", 0)
-    return int(value)
+    """The runtime's success code, ``QStatus.QS_SUCCESS``."""
+    return int(qaicrt.QStatus.QS_SUCCESS)
 
 
 @pytest.mark.requires("compile")
