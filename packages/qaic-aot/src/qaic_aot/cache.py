@@ -98,6 +98,13 @@ def locked(path: Path) -> Iterator[None]:
         lock.release()
 
 
+def temporary_dir(final: Path) -> Path:
+    """A fresh hidden folder next to ``final`` (same filesystem, so moving out of it is a rename)."""
+    tmp = Path(final).parent / f".{Path(final).name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    return tmp
+
+
 def build_dir_atomically(final: Path, build: Callable[[Path], None]) -> None:
     """Run ``build(tmp)`` in a fresh temporary directory, then rename it to ``final``.
 
@@ -105,8 +112,7 @@ def build_dir_atomically(final: Path, build: Callable[[Path], None]) -> None:
     older tool) is removed first; a failed build leaves nothing behind.
     """
     final = Path(final)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    tmp = temporary_dir(final)
     try:
         build(tmp)
         if final.exists():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import logging
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,28 +114,27 @@ def ensure_export(
         if onnx_path.is_file() and params_file.is_file():
             log.info("reusing exported model %s", onnx_path)
             return onnx_path
-        edir.parent.mkdir(parents=True, exist_ok=True)
-
-        def build(tmp: Path) -> None:
+        tmp = cache.temporary_dir(edir)
+        try:
             run_export(model_dir, tmp / onnx_path.name, settings, progress=progress)
             layout.write_json(tmp / layout.EXPORT_PARAMS_FILE, params)
-
-        staging = edir.parent / f".{edir.name}.export-tmp"
-        cache.build_dir_atomically(staging, build)
-        try:
-            cache.move_files_into(staging, edir, last=(layout.EXPORT_PARAMS_FILE,))
+            # The params file goes last: it marks a complete export.
+            cache.move_files_into(tmp, edir, last=(layout.EXPORT_PARAMS_FILE,))
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     log.info("exported %s to %s", model_dir, onnx_path)
     return onnx_path
 
 
 def run_export(model_dir: Path, out_path: Path, settings: CompileSettings, *, progress: bool = True) -> Any:
-    """Call the exporter (``qaic_aot.export.export_onnx``) with a progress display."""
+    """Call the exporter (``qaic_aot.export.export_onnx``), which shows its own progress bars."""
     from qaic_aot.export import export_onnx
 
-    with stage(f"exporting {model_dir.name} to ONNX", enabled=progress, logger=log):
-        return export_onnx(model_dir, out_path, settings, dtype=EXPORT_DTYPE, progress=progress)
+    log.info("exporting %s to ONNX (%s)", model_dir, exporter_identity())
+    started = time.monotonic()
+    result = export_onnx(model_dir, out_path, settings, dtype=EXPORT_DTYPE, progress=progress)
+    log.info("export of %s took %.1f s", model_dir.name, time.monotonic() - started)
+    return result
 
 
 def ensure_compiled(
