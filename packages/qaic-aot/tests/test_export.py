@@ -265,3 +265,22 @@ def test_an_export_written_elsewhere_is_moved_to_the_requested_path(
     assert relocate_onnx(result.onnx_path, target, _save) == target
     original, moved = onnx.load(str(result.onnx_path)), onnx.load(str(target))
     assert moved.SerializeToString() == original.SerializeToString()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "gpt2"])
+def test_model_facts_agree_with_the_decoder_spec(
+    arch: str, tiny_model_factory: Callable[[str], Path]
+) -> None:
+    from qaic_aot.export import decoder_spec, load_config
+    from qaic_aot.export.families import model_facts
+
+    config = load_config(tiny_model_factory(arch))
+    spec = decoder_spec(config, CB)
+    facts = model_facts(config)
+    assert facts == {
+        "architecture": spec.architecture,
+        "num_layers": spec.num_layers,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+    }

@@ -79,6 +79,19 @@ def check_architecture(config: Any) -> str:
     return SUPPORTED_ARCHITECTURES[arch]
 
 
+def model_facts(config: Any) -> dict[str, Any]:
+    """Layer count, KV geometry and vocabulary of any decoder config (GPT-2 names included)."""
+    heads = int(getattr(config, "num_attention_heads", None) or config.n_head)
+    hidden = int(getattr(config, "hidden_size", None) or config.n_embd)
+    return {
+        "architecture": architecture_of(config),
+        "num_layers": int(getattr(config, "num_hidden_layers", None) or config.n_layer),
+        "num_kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(config, "head_dim", None) or hidden // heads),
+        "vocab_size": int(config.vocab_size),
+    }
+
+
 def rope_parameters(config: Any) -> dict[str, Any]:
     """Rope settings in transformers 5 form (``rope_parameters``), also from older ``rope_scaling``."""
     params = getattr(config, "rope_parameters", None)

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from qaic_aot.export import contract
 from qaic_aot.export.decoder import DecoderGraph
-from qaic_aot.export.families import check_architecture, decoder_spec
+from qaic_aot.export.families import check_architecture, decoder_spec, model_facts
 from qaic_aot.export.qeff import export_with_qefficient, qefficient_available, relocate_onnx
 from qaic_aot.export.weights import WeightSource, load_weights, weight_files
 from qaic_core.errors import QaicConfigError
@@ -75,18 +75,27 @@ def export_onnx(
             "converts it (use convert_to_fp16 / mxfp6 / mxint8 in the compile settings)"
         )
     config = load_config(model_dir)
+    exporter = choose_exporter()
+    if exporter == "qefficient":
+        # QEfficient has its own list of supported models and transforms; it decides.
+        weight_files(model_dir)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        produced = export_with_qefficient(model_dir, out_path.parent / "qefficient-export", settings)
+        onnx_path = relocate_onnx(produced, out_path, _save)
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+        facts = model_facts(config)
+        return contract.ExportResult(
+            onnx_path=onnx_path,
+            **facts,
+            input_names=[v.name for v in graph.input],
+            output_names=[v.name for v in graph.output],
+            exporter=exporter,
+        )
     check_architecture(config)
     spec = decoder_spec(config, settings)
     weight_files(model_dir)  # fail early, naming the missing weight file
-    names_in = contract.input_names(spec.num_layers, settings)
-    names_out = contract.output_names(spec.num_layers)
-    exporter = choose_exporter()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    if exporter == "qefficient":
-        produced = export_with_qefficient(model_dir, out_path.parent / "qefficient-export", settings)
-        onnx_path = relocate_onnx(produced, out_path, _save)
-    else:
-        onnx_path = _export_ours(model_dir, out_path, settings, config, progress)
+    onnx_path = _export_ours(model_dir, out_path, settings, config, progress)
     return contract.ExportResult(
         onnx_path=onnx_path,
         num_layers=spec.num_layers,
@@ -94,8 +103,8 @@ def export_onnx(
         head_dim=spec.head_dim,
         vocab_size=spec.vocab_size,
         architecture=spec.architecture,
-        input_names=names_in,
-        output_names=names_out,
+        input_names=contract.input_names(spec.num_layers, settings),
+        output_names=contract.output_names(spec.num_layers),
         exporter=exporter,
     )
 
