@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,12 +11,13 @@ import numpy as np
 import pytest
 
 from qaic_vllm.bench import methods
-from qaic_vllm.bench.host import DeviceClock, instrument_sessions
+from qaic_vllm.bench.host import DeviceClock, breakdown, instrument_sessions
 from qaic_vllm.bench.machine import git_commit, machine_info
 from qaic_vllm.bench.run import bench_env
 from qaic_vllm.bench.server import ServeShape, free_port
 from qaic_vllm.bench.settings import BenchSettings
 from qaic_vllm.bench.stack import compile_settings, qpc_dirs, random_prompts
+from qaic_vllm.bench.timers import PhaseTimers
 
 
 def _vllm_config(shape: ServeShape, dtype: str) -> SimpleNamespace:
@@ -128,3 +130,50 @@ def test_machine_and_commit() -> None:
     sha, dirty = git_commit()
     assert sha == "unknown" or re.fullmatch(r"[0-9a-f]{40}", sha)
     assert isinstance(dirty, bool)
+
+
+class _Worker:
+    def step(self, n: int) -> int:
+        time.sleep(0.01)
+        return self.step(n - 1) + 1 if n > 0 else 0
+
+
+def test_phase_timers_count_outer_calls_and_undo() -> None:
+    timers = PhaseTimers()
+    original = _Worker.__dict__["step"]
+    assert timers.wrap(_Worker, "step", "work")
+    assert not timers.wrap(_Worker, "absent", "x")
+    assert timers.missing == ["_Worker.absent"]
+    assert _Worker().step(2) == 2  # three nested calls of 10 ms: one outer call of about 30 ms
+    assert 0.03 <= timers.seconds["work"] < 0.3
+    timers.reset()
+    assert timers.seconds == {}
+    timers.undo()
+    assert _Worker.__dict__["step"] is original
+
+
+def test_breakdown_splits_host_time() -> None:
+    # wall 10 ms: device 6, scheduling 1, runner call 8.5 of which sampling 1.5 -> inputs 1, rest 1
+    parts = breakdown(0.010, 0.006, {"schedule": 0.001, "runner": 0.0085, "sampling": 0.0015})
+    expected = {
+        "host": 0.004,
+        "schedule": 0.001,
+        "runner_inputs": 0.001,
+        "sampling": 0.0015,
+        "engine_other": 0.0005,
+    }
+    assert parts == pytest.approx(expected)
+
+
+def test_host_breakdown_table() -> None:
+    results = {
+        "host_8": {"batch": 8, "host_us": 900.0, "device_us": 5000.0, "steps": 20, "missing_phases": [],
+                   "phases_us": {"schedule": 100.0, "runner_inputs": 300.0, "sampling": 200.0, "engine_other": 300.0}},
+        "host_1": {"batch": 1, "host_us": 700.0, "device_us": 4000.0, "steps": 21, "missing_phases": ["a.B"],
+                   "phases_us": {"schedule": 100.0, "runner_inputs": 200.0, "sampling": 100.0, "engine_other": 300.0}},
+    }  # fmt: skip
+    table = methods.host_breakdown(results)
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert lines[1] == "| 1 | 700 | 100 | 200 | 100 | 300 | 4000 | 21 |"
+    assert lines[2] == "| 8 | 900 | 100 | 300 | 200 | 300 | 5000 | 20 |"
+    assert "Not found, so not split out: a.B." in table

@@ -32,7 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a local Hugging Face model directory (default: the default model)",
     )
     parser.add_argument(
-        "--dtype", choices=("float32", "float16"), default="float32", help="model dtype for all runs"
+        "--dtype",
+        choices=("float16", "float32"),
+        default="float16",
+        help="model dtype of every run (float16: compiled with -convert-to-fp16, as on a card)",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     return parser.parse_args(argv)

@@ -21,6 +21,7 @@ from typing import Any
 
 from qaic_vllm.bench.server import ServeShape
 from qaic_vllm.bench.stack import random_prompts
+from qaic_vllm.bench.timers import PhaseTimers
 
 log = logging.getLogger("qaic.bench")
 
@@ -89,6 +90,42 @@ def instrument_sessions(clock: DeviceClock) -> Callable[[], None]:
     return undo
 
 
+PHASES = (
+    ("qaic_vllm.scheduler", "QaicScheduler", "schedule", "schedule"),
+    ("qaic_vllm.model_runner", "AotModelRunner", "execute_model", "runner"),
+    ("qaic_vllm.model_runner", "AotModelRunner", "_sample", "sampling"),
+)
+"""Methods timed for the breakdown: (module, class, method, phase)."""
+
+
+def wrap_phases(timers: PhaseTimers) -> None:
+    """Time the scheduler, the runner and its sampler where they exist under these names."""
+    import importlib
+
+    for module, cls, method, phase in PHASES:
+        try:
+            owner = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError):
+            timers.missing.append(f"{module}.{cls}")
+            continue
+        timers.wrap(owner, method, phase)
+
+
+def breakdown(wall: float, device: float, phases: dict[str, float]) -> dict[str, float]:
+    """A step's host time split into scheduling, runner input/output work, sampling and the rest."""
+    host = wall - device
+    schedule = phases.get("schedule", 0.0)
+    sampling = phases.get("sampling", 0.0)
+    runner = max(phases.get("runner", 0.0) - device - sampling, 0.0) if "runner" in phases else 0.0
+    return {
+        "host": host,
+        "schedule": schedule,
+        "runner_inputs": runner,
+        "sampling": sampling,
+        "engine_other": host - schedule - runner - sampling,
+    }
+
+
 def host_overhead(
     model_dir: Path, shape: ServeShape, dtype: str, input_len: int, output_len: int
 ) -> dict[str, Any]:
@@ -98,6 +135,8 @@ def host_overhead(
 
     clock = DeviceClock()
     undo = instrument_sessions(clock)
+    timers = PhaseTimers()
+    wrap_phases(timers)
     batch = shape.max_num_seqs
     try:
         llm = LLM(
@@ -111,29 +150,34 @@ def host_overhead(
         vocab = llm.get_tokenizer().vocab_size
         params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
         # A warm-up round, then the measured round.
-        samples: list[float] = []
-        device: list[float] = []
+        steps: list[dict[str, float]] = []
         for round_ in range(2):
             for i, ids in enumerate(random_prompts([input_len] * batch, vocab, seed=round_)):
                 engine.add_request(f"r{round_}-{i}", {"prompt_token_ids": ids}, params)
             while engine.has_unfinished_requests():
                 clock.reset()
+                timers.reset()
                 t0 = time.perf_counter()
                 engine.step()
                 wall = time.perf_counter() - t0
                 full = clock.decode_runs == 1 and clock.decode_rows == [batch]
                 if round_ == 1 and clock.prefill_runs == 0 and full:
-                    samples.append(wall - clock.seconds)
-                    device.append(clock.seconds)
+                    steps.append(
+                        {"device": clock.seconds, **breakdown(wall, clock.seconds, dict(timers.seconds))}
+                    )
     finally:
+        timers.undo()
         undo()
-    if not samples:
+    if not steps:
         raise RuntimeError(
             f"no decode-only step with all {batch} slots busy was seen; raise the output length"
         )
+    medians = {k: statistics.median(st[k] for st in steps) * 1e6 for k in steps[0]}
     return {
-        "host_us": statistics.median(samples) * 1e6,
-        "device_us": statistics.median(device) * 1e6,
-        "steps": len(samples),
+        "host_us": medians.pop("host"),
+        "device_us": medians.pop("device"),
+        "phases_us": medians,
+        "missing_phases": timers.missing,
+        "steps": len(steps),
         "batch": batch,
     }

@@ -12,6 +12,32 @@ def _f(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+PHASE_NAMES = {
+    "schedule": "scheduling",
+    "runner_inputs": "runner: inputs and outputs",
+    "sampling": "sampling",
+    "engine_other": "engine core and output processing",
+}
+
+
+def host_breakdown(results: Mapping[str, Any]) -> str:
+    """A Markdown table: each batch's median host µs per phase, and the device time left out."""
+    rows = [v for k, v in sorted(results.items()) if k.startswith("host_") and "phases_us" in v]
+    if not rows:
+        return ""
+    rows.sort(key=lambda v: v["batch"])
+    header = ["batch", "host", *PHASE_NAMES.values(), "device (excluded)", "steps"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in rows:
+        cells = [v["batch"], f"{v['host_us']:.0f}"]
+        cells += [f"{v['phases_us'].get(k, 0.0):.0f}" for k in PHASE_NAMES]
+        cells += [f"{v['device_us']:.0f}", v["steps"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    missing = sorted({m for v in rows for m in v.get("missing_phases", [])})
+    note = f"\n\nNot found, so not split out: {', '.join(missing)}." if missing else ""
+    return "Median µs per decode step:\n\n" + "\n".join(lines) + note
+
+
 def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any]) -> dict[str, str]:
     """One paragraph per report key."""
     workload = (
@@ -45,7 +71,9 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             "Every `QAICInferenceSession.submit` and `RunHandle.wait` is timed; a step's host time is the wall "
             "time of `LLMEngine.step()` (scheduling, input preparation, sampling, output processing and "
             "detokenization) minus the time spent in those session calls. Reported: the median over decode-only "
-            f"steps with every slot busy ({host_rows or 'n/a'})."
+            f"steps with every slot busy ({host_rows or 'n/a'}). The split times the QAIC scheduler's "
+            "`schedule`, the runner's `execute_model` (less device time and sampling) and its `_sample`; the rest "
+            "is vLLM's engine core and output processing.\n\n" + host_breakdown(results)
         ),
         "hf_baseline": (
             f"transformers `generate` (greedy, {dtype}, {hf.get('threads', '?')} torch threads: the faster of one "
