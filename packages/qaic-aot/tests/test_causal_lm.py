@@ -148,3 +148,13 @@ def test_speculative_decode_returns_one_logits_row_per_token(
             spec.decode_tokens({0: ([1, 2, 3, 4], 0)})
     finally:
         session.deactivate()
+
+
+def test_settings_that_disagree_with_the_program_are_refused(lm: CausalLM) -> None:
+    session = lm.session
+    with pytest.raises(QaicConfigError, match="--full-batch-size 2"):
+        CausalLM(session, SETTINGS.replace(full_batch_size=None))
+    with pytest.raises(QaicConfigError, match=r"--prefill-seq-len to one of \[8\]"):
+        CausalLM(session, SETTINGS.replace(prefill_seq_len=16))
+    with pytest.raises(QaicConfigError, match="--ctx-len 64"):
+        CausalLM(session, SETTINGS.replace(ctx_len=128))

@@ -63,6 +63,7 @@ class CausalLM:
             raise QaicConfigError("the program has no 'logits' output: it was not exported as a causal LM")
         self.vocab_size = int(bindings["logits"].dims[-1])
         self._check_kv_geometry(bindings)
+        self._check_prefill_shape(session)
         self.decode_exec = DECODE_EXEC
         self.prefill_exec = PREFILL_EXEC if session.num_exec_objects > 1 else DECODE_EXEC
         retained = [n for n in session.output_names if n.endswith("_RetainedState")]
@@ -83,10 +84,20 @@ class CausalLM:
                 f"the program's KV cache holds {ctx} positions but ctx_len is {self.ctx_len}: set --ctx-len {ctx} "
                 "or recompile"
             )
-        if slots < self.full_batch_size:
+        if slots != self.full_batch_size:
             raise QaicConfigError(
                 f"the program has {slots} KV slots but full_batch_size is {self.full_batch_size}: set "
                 f"--full-batch-size {slots} or recompile"
+            )
+
+    def _check_prefill_shape(self, session: QAICInferenceSession) -> None:
+        index = session.binding_index_map["input_ids"]
+        shapes = [list(shape[index][1]) for shape in session.allowed_shapes]
+        if shapes and [1, self.prefill_seq_len] not in shapes:
+            chunks = sorted({s[1] for s in shapes if len(s) == 2 and s[0] == 1 and s[1] > 1})
+            raise QaicConfigError(
+                f"the program has no prefill of {self.prefill_seq_len} tokens (input_ids shapes {shapes}): "
+                f"set --prefill-seq-len to one of {chunks} or recompile"
             )
 
     # -- prefill --------------------------------------------------------------------------
