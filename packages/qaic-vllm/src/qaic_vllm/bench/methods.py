@@ -76,7 +76,7 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             "is vLLM's engine core and output processing.\n\n" + host_breakdown(results)
         ),
         "hf_baseline": (
-            f"transformers `generate` (greedy, {dtype}, {hf.get('threads', '?')} torch threads: the faster of one "
+            f"transformers `generate` (greedy, {dtype}, torch threads: {hf.get('threads', '?')}, the faster of one "
             "thread and all cores in a short trial) on the same model, "
             f"the same prompt lengths and output length in batches of {s.batch}, against the unpaced `vllm serve` "
             f"run of the same workload ({_f(unpaced.get('output_throughput', '?'))} tok/s). ratio = serve / "

@@ -36,7 +36,8 @@ def write_plot(doc: Mapping[str, Any], path: Path) -> Path:
     host = doc.get("host_overhead_us")
     if host:
         batches = sorted(host, key=int)
-        ax_host.bar(batches, [host[b] for b in batches], color="tab:green")
+        ax_host.bar(range(len(batches)), [host[b] for b in batches], color="tab:green")
+        ax_host.set_xticks(range(len(batches)), batches)
         ax_host.set_xlabel("batch (max_num_seqs)")
         ax_host.set_ylabel("µs per decode step")
         ax_host.set_title("Host overhead per decode step")

@@ -106,9 +106,12 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], digits: Sequence[int] = ()) -> list[str]:
+    """A Markdown table; ``digits[i]`` decimals for column i (2 when not given)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    for row in rows:
+        cells = [_fmt(c, digits[i] if i < len(digits) else 2) for i, c in enumerate(row)]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -120,13 +123,17 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
         return _table(
             ["serve tok/s", "raw session tok/s", "ratio serve/raw"],
             [[value["serve_tok_s"], value["raw_tok_s"], value["ratio"]]],
+            digits=(2, 2, 3),
         )
     if key == "host_overhead_us":
-        return _table(["batch", "host µs per decode step"], [[b, value[b]] for b in sorted(value, key=int)])
+        return _table(
+            ["batch", "host µs per decode step"], [[b, value[b]] for b in sorted(value, key=int)], (0, 0)
+        )
     if key == "hf_baseline":
         return _table(
             ["transformers generate tok/s", "ratio serve (unpaced) / transformers"],
             [[value["tok_s"], value["ratio"]]],
+            digits=(2, 3),
         )
     if key == "startup_s":
         return _table(
