@@ -116,7 +116,7 @@ def _export_ours(
     started = time.monotonic()
     stages = tqdm(total=4, desc=f"export {spec.architecture}", disable=not progress, unit="stage")
     stages.set_postfix_str("loading weights")
-    weights = WeightSource(load_weights(model_dir), spec.weight_prefix, model_dir)
+    weights = WeightSource(load_weights(model_dir, progress), spec.weight_prefix, model_dir)
     stages.update()
     stages.set_postfix_str("building graph")
     logger.info(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from qaic_core.errors import QaicConfigError
 
@@ -54,10 +55,11 @@ def _iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         yield from state.items()
 
 
-def load_weights(model_dir: Path) -> dict[str, np.ndarray]:
+def load_weights(model_dir: Path, progress: bool = False) -> dict[str, np.ndarray]:
     """All floating-point tensors of the checkpoint as float32 arrays, keyed by their HF names."""
     weights: dict[str, np.ndarray] = {}
-    for path in weight_files(model_dir):
+    files = weight_files(model_dir)
+    for path in tqdm(files, desc="export: weight files", unit="file", disable=not progress or len(files) < 2):
         logger.info("reading weights from %s", path)
         for name, tensor in _iter_tensors(path):
             if tensor.is_floating_point():
