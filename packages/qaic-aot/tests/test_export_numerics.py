@@ -7,6 +7,8 @@ with one fp32 forward pass of the Hugging Face model.
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,9 +111,6 @@ ROPE_VARIANTS = {
 
 @pytest.mark.parametrize("variant", list(ROPE_VARIANTS))
 def test_rope_variants(variant: str, tiny_model_factory: Callable[[str], Path], tmp_path: Path) -> None:
-    import json
-    import shutil
-
     arch, changes = ROPE_VARIANTS[variant]
     base = tiny_model_factory(arch)
     model_dir = tmp_path / variant
@@ -146,3 +145,52 @@ def test_large_graphs_keep_weights_in_an_external_file(
     np.testing.assert_allclose(
         OrtDecoder(result.onnx_path).prefill(0, tokens), HFReference(tiny_llama).logits(tokens)[-1], atol=ATOL
     )
+
+
+def _write_layout(layout: str, source: Path, target: Path) -> None:
+    """Re-save a tiny checkpoint in another on-disk layout found on the hub."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = load_file(str(source / "model.safetensors"))
+    if (
+        layout == "unprefixed"
+    ):  # original GPT-2 checkpoints name tensors "h.0..." rather than "transformer.h.0..."
+        save_file(
+            {k.removeprefix("transformer."): v for k, v in tensors.items()}, str(target / "model.safetensors")
+        )
+    elif layout == "sharded":
+        names = sorted(tensors)
+        shards = {
+            "model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2],
+        }
+        weight_map = {}
+        for shard, keys in shards.items():
+            save_file({k: tensors[k] for k in keys}, str(target / shard))
+            weight_map.update(dict.fromkeys(keys, shard))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (target / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:  # a bf16 pytorch_model.bin
+        torch.save({k: v.to(torch.bfloat16) for k, v in tensors.items()}, target / "pytorch_model.bin")
+
+
+@pytest.mark.parametrize(
+    ("arch", "layout"), [("gpt2", "unprefixed"), ("qwen2", "sharded"), ("llama", "torch-bf16")]
+)
+def test_checkpoint_layouts(
+    arch: str, layout: str, tiny_model_factory: Callable[[str], Path], tmp_path: Path
+) -> None:
+    source = tiny_model_factory(arch)
+    target = tmp_path / layout
+    _write_layout(layout, source, target)
+    ref = HFReference(source)
+    tokens = more_prompts(ref.tokenizer)[1]
+    expected = ref.logits(tokens)[-1]
+    result = export_onnx(target, tmp_path / "model.onnx", SETTINGS, progress=False)
+    got = OrtDecoder(result.onnx_path).prefill(0, tokens)
+    # bf16 weights round the model (about 3 significant digits); the others are exact copies.
+    np.testing.assert_allclose(got, expected, atol=0.1 if layout == "torch-bf16" else ATOL)
+    if layout == "torch-bf16":
+        assert np.abs(got - expected).max() > ATOL  # the bf16 weights were really read
