@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,12 @@ def export_with_qefficient(model_dir: Path, out_dir: Path, settings: CompileSett
 
     kwargs: dict[str, object] = {"continuous_batching": settings.full_batch_size is not None}
     if settings.num_speculative_tokens is not None:
-        kwargs["is_tlm"] = True
+        # Newer QEfficient takes qaic_config={"speculative_model_type": "target"}, older is_tlm=True.
+        accepts = inspect.signature(QEFFAutoModelForCausalLM.from_pretrained).parameters
+        if "qaic_config" in accepts:
+            kwargs["qaic_config"] = {"speculative_model_type": "target"}
+        else:
+            kwargs["is_tlm"] = True
     logger.info("exporting %s with QEfficient (%s)", model_dir, kwargs)
     model = QEFFAutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     return Path(model.export(export_dir=str(out_dir)))
