@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from qaic_vllm.bench import methods
+from qaic_vllm.bench.child import run_in_child
 from qaic_vllm.bench.host import DeviceClock, breakdown, instrument_sessions
 from qaic_vllm.bench.machine import git_commit, machine_info
 from qaic_vllm.bench.run import bench_env
@@ -177,3 +179,9 @@ def test_host_breakdown_table() -> None:
     assert lines[1] == "| 1 | 700 | 100 | 200 | 100 | 300 | 4000 | 21 |"
     assert lines[2] == "| 8 | 900 | 100 | 300 | 200 | 300 | 5000 | 20 |"
     assert "Not found, so not split out: a.B." in table
+
+
+def test_child_failure_names_the_job_and_shows_its_log(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"the nonsense measurement failed \(exit 1\)") as info:
+        run_in_child("nonsense", {}, dict(os.environ), tmp_path)
+    assert "unknown job kind 'nonsense'" in str(info.value)
