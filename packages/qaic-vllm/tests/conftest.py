@@ -78,3 +78,13 @@ def hf_logprobs(tiny_model: Path) -> Callable[[Sequence[int]], list[float]]:
             return torch.log_softmax(model(torch.tensor([list(ids)])).logits[0], dim=-1)
 
     return lp  # type: ignore[return-value]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Attach the tail of the ``vllm serve`` log to every failing server test."""
+    outcome = yield
+    report = outcome.get_result()
+    server = getattr(item, "funcargs", {}).get("server")
+    if report.failed and server is not None:
+        report.sections.append(("vllm serve log (tail)", server.log_tail()))

@@ -62,17 +62,21 @@ def validate_model(vllm_config: VllmConfig) -> None:
 
 def validate_sampling(params: Any) -> None:
     """Per-request check (``Platform.validate_request``): unsupported options get a 400 with the reason."""
+    from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
     if not isinstance(params, SamplingParams):
-        raise ValueError("only text generation requests are supported on the qaic AOT path")
+        raise VLLMValidationError("only text generation requests are supported on the qaic AOT path")
     if params.structured_outputs is not None:
-        raise ValueError(
-            "structured output (guided decoding / response_format json_schema) is not supported on the "
-            "qaic AOT path yet: remove it from the request"
+        raise VLLMValidationError(
+            "structured output (guided decoding, response_format json_object/json_schema) is not supported "
+            "on the qaic AOT path yet: remove it from the request",
+            parameter="response_format",
         )
     if params.prompt_logprobs is not None:
-        raise ValueError(
+        raise VLLMValidationError(
             "prompt_logprobs is not supported on the qaic AOT path: the compiled program returns only the "
-            "last position's logits; remove prompt_logprobs (logprobs of generated tokens work)"
+            "last position's logits; remove prompt_logprobs (logprobs of generated tokens work)",
+            parameter="prompt_logprobs",
+            value=params.prompt_logprobs,
         )
