@@ -19,6 +19,7 @@ from qaic_vllm.bench.run import bench_env
 from qaic_vllm.bench.server import ServeShape, free_port
 from qaic_vllm.bench.settings import BenchSettings
 from qaic_vllm.bench.stack import compile_settings, qpc_dirs, random_prompts
+from qaic_vllm.bench.startup import qpc_ready_seconds
 from qaic_vllm.bench.timers import PhaseTimers
 
 
@@ -185,3 +186,17 @@ def test_child_failure_names_the_job_and_shows_its_log(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"the nonsense measurement failed \(exit 1\)") as info:
         run_in_child("nonsense", {}, dict(os.environ), tmp_path)
     assert "unknown job kind 'nonsense'" in str(info.value)
+
+
+def test_qpc_ready_seconds_reads_the_worker_log(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("(qaic) INFO 12-02 16:32:07 [qaic.vllm.worker] qaic: QPC ready in 0.7s: /x/qpc\nmore\n")
+    assert qpc_ready_seconds(log) == 0.7
+    log.write_text("nothing here\n")
+    assert qpc_ready_seconds(log) is None
+    assert qpc_ready_seconds(tmp_path / "absent.log") is None
+    note = methods.describe(BenchSettings.full(), "float16", "m", {"qpc_first_s": 12.5, "qpc_cached_s": 0.1})
+    assert (
+        "12.5 s for export + compile" in note["startup_s"]
+        and "0.1 s for the cache lookup" in note["startup_s"]
+    )

@@ -38,6 +38,16 @@ def host_breakdown(results: Mapping[str, Any]) -> str:
     return "Median µs per decode step:\n\n" + "\n".join(lines) + note
 
 
+def _qpc_note(results: Mapping[str, Any]) -> str:
+    first, cached = results.get("qpc_first_s"), results.get("qpc_cached_s")
+    if first is None or cached is None:
+        return ""
+    return (
+        f" Of these, the worker logged {_f(first, 1)} s for export + compile on the first start and "
+        f"{_f(cached, 1)} s for the cache lookup on the cached one; the rest is vLLM's own start-up."
+    )
+
+
 def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any]) -> dict[str, str]:
     """One paragraph per report key."""
     workload = (
@@ -90,6 +100,6 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             "Seconds from launching `vllm serve` until both `/health` and `/v1/models` answer. First: an empty "
             "`QEFF_HOME`, so the model is exported to ONNX and compiled (the unpaced server). Cached: the next "
             "start with the same `QEFF_HOME` and engine arguments, which reuses the QPC (the paced server; "
-            "pacing changes no compile setting and only lengthens device runs)."
+            "pacing changes no compile setting and only lengthens device runs)." + _qpc_note(results)
         ),
     }

@@ -176,7 +176,7 @@ def bench_serve(
 ) -> dict[str, Any]:
     """Run ``vllm bench serve`` (random dataset, ignore EOS) against ``server``; its saved JSON result."""
     result_dir.mkdir(parents=True, exist_ok=True)
-    filename = f"{name}.json"
+    filename = f"bench-{name}.json"
     cmd = [
         *vllm_command(),
         "bench",
@@ -214,7 +214,7 @@ def bench_serve(
         "--result-filename",
         filename,
     ]
-    log_path = result_dir / f"{name}.log"
+    log_path = result_dir / f"bench-{name}.log"
     log.info(
         "running vllm bench serve: %d prompts, %d in flight (log: %s)",
         workload.num_prompts,
