@@ -180,3 +180,25 @@ def test_qpc_is_cached_and_prebuilt_qpc_is_checked(
                 "additional_config": {"override_qaic_config": {"qpc_path": str(qpc_dir), "num_cores": 4}},
             },
         )
+
+
+def test_structured_output_follows_the_grammar(llm: Any, prompts: list[list[int]]) -> None:
+    import re
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    choice = SamplingParams(
+        temperature=0.0,
+        max_tokens=10,
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"]),
+    )
+    outs = llm.generate(as_prompts(prompts[:3]), choice)
+    assert all(o.outputs[0].text in {"yes", "no", "maybe"} for o in outs)
+    pattern = r"(red|green|blue) [0-9]{2}"
+    regex = SamplingParams(
+        temperature=1.0, seed=2, max_tokens=12, structured_outputs=StructuredOutputsParams(regex=pattern)
+    )
+    mixed = llm.generate(as_prompts(prompts[:2]), [regex, greedy(5)])
+    assert re.fullmatch(pattern, mixed[0].outputs[0].text)
+    assert len(mixed[1].outputs[0].token_ids) == 5  # a plain request in the same batch is unaffected

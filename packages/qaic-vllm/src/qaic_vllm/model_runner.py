@@ -23,7 +23,7 @@ from qaic_vllm.sampling import HostSampler
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 
 log = logging.getLogger("qaic.vllm.runner")
 
@@ -66,6 +66,7 @@ class AotModelRunner:
         self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
         self.step_count = 0
         self.max_running_seen = 0
+        self._pending: tuple[list[str], StepPlan, dict[str, np.ndarray]] | None = None
         self.step_log: deque[tuple[int, int]] = deque(maxlen=100_000)
         """Per device step: (decode rows run, prefill tokens run); read by tests and benchmarks."""
 
@@ -167,7 +168,8 @@ class AotModelRunner:
         for req_id in plan.decode_reqs:
             out[req_id] = np.asarray(rows[self.requests[req_id].slot])
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        """Run the step; None when structured output needs the grammar first (then ``sample_tokens``)."""
         self.update_states(so)
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
@@ -179,7 +181,27 @@ class AotModelRunner:
         logits = self.run(plan)
         for req_id, n in so.num_scheduled_tokens.items():
             self.requests[req_id].num_computed += int(n)
-        sampled = self._sample(plan, logits)
+        if so.has_structured_output_requests:
+            self._pending = (req_ids, plan, logits)
+            return None
+        return self._output(req_ids, plan, logits, None)
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        """Sample the step ``execute_model`` left pending, under the grammar's token bitmask."""
+        if self._pending is None:
+            raise RuntimeError("sample_tokens() called without a pending execute_model() step")
+        req_ids, plan, logits = self._pending
+        self._pending = None
+        return self._output(req_ids, plan, logits, grammar_output)
+
+    def _output(
+        self,
+        req_ids: list[str],
+        plan: StepPlan,
+        logits: dict[str, np.ndarray],
+        grammar: GrammarOutput | None,
+    ) -> ModelRunnerOutput:
+        sampled = self._sample(plan, logits, grammar)
         index = {r: i for i, r in enumerate(req_ids)}
         tokens: list[list[int]] = [[] for _ in req_ids]
         for req_id, token in sampled[0].items():
@@ -189,12 +211,14 @@ class AotModelRunner:
         )
 
     def _sample(
-        self, plan: StepPlan, logits: dict[str, np.ndarray]
+        self, plan: StepPlan, logits: dict[str, np.ndarray], grammar: GrammarOutput | None = None
     ) -> tuple[dict[str, int], dict[str, tuple[np.ndarray, np.ndarray, int]]]:
         reqs = [r for r in plan.sample_reqs if self.requests[r].params is not None]
         if not reqs:
             return {}, {}
         batch = torch.from_numpy(np.stack([logits[r].reshape(-1)[: self.vocab_size] for r in reqs]))
+        if grammar is not None:
+            apply_grammar_bitmask(batch, reqs, grammar)
         slots = [self.requests[r].slot for r in reqs]
         positions = [len(self.requests[r].token_ids) for r in reqs]
         tokens, lp = self.sampler.sample(batch, slots, positions)
@@ -226,3 +250,21 @@ class AotModelRunner:
                 vals[i, : len(lp)] = lp
                 ranks[i] = rank
         return LogprobsLists(ids, vals, ranks)
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, req_ids: list[str], grammar: GrammarOutput) -> None:
+    """Mask (to -inf) every token the request's grammar forbids; rows follow ``req_ids``.
+
+    The bitmask has one row of int32 words per structured-output request (bit ``t % 32`` of word
+    ``t // 32`` allows token ``t``), in ``grammar.structured_output_request_ids`` order.
+    """
+    rows = {req_id: i for i, req_id in enumerate(grammar.structured_output_request_ids)}
+    bitmask = torch.from_numpy(np.asarray(grammar.grammar_bitmask))
+    token_ids = torch.arange(logits.shape[1], dtype=torch.int64)
+    for row, req_id in enumerate(req_ids):
+        mask_row = rows.get(req_id)
+        if mask_row is None:
+            continue
+        words = bitmask[mask_row, token_ids // 32]
+        allowed = ((words >> (token_ids % 32)) & 1).bool()
+        logits[row].masked_fill_(~allowed, float("-inf"))

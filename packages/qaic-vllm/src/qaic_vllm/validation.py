@@ -67,12 +67,6 @@ def validate_sampling(params: Any) -> None:
 
     if not isinstance(params, SamplingParams):
         raise VLLMValidationError("only text generation requests are supported on the qaic AOT path")
-    if params.structured_outputs is not None:
-        raise VLLMValidationError(
-            "structured output (guided decoding, response_format json_object/json_schema) is not supported "
-            "on the qaic AOT path yet: remove it from the request",
-            parameter="response_format",
-        )
     if params.prompt_logprobs is not None:
         raise VLLMValidationError(
             "prompt_logprobs is not supported on the qaic AOT path: the compiled program returns only the "

@@ -142,7 +142,7 @@ class QaicWorker(WorkerBase):
         raise NotImplementedError("the AOT path runs a compiled program; there is no torch model")
 
     # -- per step --------------------------------------------------------------------------------
-    def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput | None:
         assert self.runner is not None, "load_model() must run before execute_model()"
         tracer = self.tracer
         if tracer is not None and tracer.active and scheduler_output.total_num_scheduled_tokens > 0:
@@ -154,7 +154,8 @@ class QaicWorker(WorkerBase):
         return self.runner.execute_model(scheduler_output)
 
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
-        raise RuntimeError("structured output is rejected at request validation on the qaic AOT path")
+        assert self.runner is not None, "load_model() must run before sample_tokens()"
+        return self.runner.sample_tokens(grammar_output)
 
     def take_draft_token_ids(self) -> None:
         return None
