@@ -202,3 +202,13 @@ def test_structured_output_follows_the_grammar(llm: Any, prompts: list[list[int]
     mixed = llm.generate(as_prompts(prompts[:2]), [regex, greedy(5)])
     assert re.fullmatch(pattern, mixed[0].outputs[0].text)
     assert len(mixed[1].outputs[0].token_ids) == 5  # a plain request in the same batch is unaffected
+
+
+def test_generation_stops_at_max_model_len(
+    llm: Any, prompts: list[list[int]], hf_greedy: Callable[..., list[int]]
+) -> None:
+    long_prompt = (prompts[1] * 10)[: CTX - 6]
+    out = llm.generate(as_prompts([long_prompt]), greedy(50))[0].outputs[0]
+    assert len(long_prompt) + len(out.token_ids) == CTX  # the last KV position of the slot is used
+    assert out.finish_reason == "length"
+    assert list(out.token_ids) == hf_greedy(long_prompt, len(out.token_ids))
