@@ -29,10 +29,14 @@ def trace_module(backend: Any) -> ModuleType | None:
 
 
 class IterationTracer:
-    """Writes ``lrt_trace_iter{N}_pid{P}`` under the profiler dir for each step while profiling."""
+    """Writes ``lrt_trace_iter{N}_pid{P}`` under the profiler dir for each step while profiling.
 
-    def __init__(self, backend: Any) -> None:
+    The directory is ``VLLM_TORCH_PROFILER_DIR``, else ``--profiler-config``'s ``torch_profiler_dir``.
+    """
+
+    def __init__(self, backend: Any, fallback_dir: str = "") -> None:
         self.backend = backend
+        self.fallback_dir = fallback_dir
         self.root: Path | None = None
         self.module: ModuleType | None = None
         self.active = False
@@ -40,11 +44,13 @@ class IterationTracer:
         self._open = False
 
     def start(self) -> None:
-        raw = os.environ.get(PROFILER_DIR_ENV, "").strip()
+        raw = os.environ.get(PROFILER_DIR_ENV, "").strip() or self.fallback_dir.strip()
         self.root = Path(raw).expanduser() if raw else None
         self.module = trace_module(self.backend) if self.root is not None else None
         if self.root is None:
-            log.info("%s is not set: profiling is off", PROFILER_DIR_ENV)
+            log.info(
+                "%s is not set (nor --profiler-config torch_profiler_dir): profiling is off", PROFILER_DIR_ENV
+            )
             return
         if self.module is None:
             log.warning("the qaic backend records no traces; profiling writes nothing")

@@ -70,7 +70,8 @@ class QaicWorker(WorkerBase):
         ensure_model_parallel_initialized(1, 1)
         self.backend = get_plugin_manager().select_device_backend()
         log.info("qaic: device backend %r (%s)", self.backend.name, self.backend.package)
-        self.tracer = IterationTracer(self.backend)
+        profiler = getattr(self.vllm_config, "profiler_config", None)
+        self.tracer = IterationTracer(self.backend, str(getattr(profiler, "torch_profiler_dir", "") or ""))
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         """Compile the model for the engine's shapes (cached), or check and use a prebuilt QPC."""
