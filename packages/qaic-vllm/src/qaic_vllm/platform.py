@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,6 +11,8 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from qaic_core.errors import QaicConfigError
 from qaic_vllm import envs
 from qaic_vllm.config import engine_settings
+from qaic_vllm.quantization import register_mxfp6
+from qaic_vllm.torch_device import neutralise_accelerator
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -37,84 +38,6 @@ WORKER_CLS = "qaic_vllm.worker.QaicWorker"
 SCHEDULER_CLS = "qaic_vllm.scheduler.QaicScheduler"
 ATTN_BACKEND_CLS = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 """vLLM asks for an attention backend path; the AOT runner never builds vLLM attention layers."""
-
-
-def neutralise_accelerator() -> None:
-    """Make ``torch.accelerator.empty_cache/synchronize`` no-ops on CPU-only torch (they raise there)."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is None or getattr(acc, "_qaic_neutralised", False):
-        return
-    try:
-        available = bool(acc.is_available())
-    except Exception:
-        available = False
-    if available:
-        return
-    for name in ("empty_cache", "synchronize", "empty_host_cache"):
-        if hasattr(acc, name):
-            setattr(acc, name, lambda *args, **kwargs: None)
-    acc._qaic_neutralised = True  # type: ignore[attr-defined]
-
-
-def name_device_type() -> None:
-    """Name torch's PrivateUse1 device ``qaic`` so vLLM's process groups can say ``qaic:0``.
-
-    No tensor is ever placed on it: the AOT runner keeps host tensors on the CPU. A device module
-    that reports no usable device keeps ``torch.accelerator`` answering "not available".
-    """
-    current = torch._C._get_privateuse1_backend_name()
-    if current == "privateuseone":
-        torch.utils.rename_privateuse1_backend("qaic")
-    elif current != "qaic":
-        log.warning("torch's PrivateUse1 device is already named %r; vLLM groups may not start", current)
-        return
-    if not hasattr(torch, "qaic"):
-        torch._register_device_module("qaic", _host_only_device_module())
-
-
-def _host_only_device_module() -> ModuleType:
-    module = ModuleType("qaic_vllm.torch_qaic")
-    module.is_available = lambda: False  # type: ignore[attr-defined]
-    module.device_count = lambda: 0  # type: ignore[attr-defined]
-    module.current_device = lambda: 0  # type: ignore[attr-defined]
-    module.synchronize = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-    module.empty_cache = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-    module._is_in_bad_fork = lambda: False  # type: ignore[attr-defined]
-    return module
-
-
-def register_mxfp6() -> None:
-    """Teach vLLM the ``mxfp6`` quantization name (weights become MX6 at compile time, not at load)."""
-    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
-    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-
-    if "mxfp6" in QUANTIZATION_METHODS:
-        return
-
-    @register_quantization_config("mxfp6")
-    class Mxfp6Config(QuantizationConfig):
-        """Marker config: the Cloud AI compiler quantizes matmul weights with -mxfp6-matmul."""
-
-        def get_name(self) -> Any:
-            return "mxfp6"
-
-        def get_supported_act_dtypes(self) -> list[torch.dtype]:
-            return [torch.float16, torch.float32]
-
-        @classmethod
-        def get_min_capability(cls) -> int:
-            return 0
-
-        @staticmethod
-        def get_config_filenames() -> list[str]:
-            return []
-
-        @classmethod
-        def from_config(cls, config: dict[str, Any]) -> Mxfp6Config:
-            return cls()
-
-        def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> None:
-            return None
 
 
 class QaicPlatform(Platform):

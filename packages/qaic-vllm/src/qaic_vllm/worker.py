@@ -15,8 +15,9 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from qaic_vllm.config import EngineSettings, engine_settings
 from qaic_vllm.model_runner import AotModelRunner
-from qaic_vllm.platform import configure_logging, name_device_type, neutralise_accelerator
+from qaic_vllm.platform import configure_logging
 from qaic_vllm.profiling import IterationTracer
+from qaic_vllm.torch_device import name_device_type, neutralise_accelerator
 
 log = logging.getLogger("qaic.vllm.worker")
 
