@@ -10,7 +10,7 @@ from typing import Any
 
 import openai
 import pytest
-from server import VllmServer
+from vllm_server import VllmServer
 
 pytestmark = pytest.mark.serve
 
