@@ -130,14 +130,25 @@ def test_stop_string_and_logprobs(
 def test_profile_writes_per_iteration_traces(
     llm: Any, prompts: list[list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import json
+
     monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
     llm.start_profile()
-    llm.generate(as_prompts(prompts[:2]), greedy(3))
+    llm.generate(as_prompts([prompts[0], (prompts[1] * 2)[:60]]), greedy(8))
     llm.stop_profile()
-    dirs = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("lrt_trace_iter"))
-    assert dirs and dirs[0] == f"lrt_trace_iter0_pid{os.getpid()}"
-    assert len(dirs) >= 3  # at least the prefill step and two decode steps
-    assert any(any(d.iterdir()) for d in tmp_path.iterdir() if d.is_dir())
+    dirs = sorted(
+        (p for p in tmp_path.iterdir() if p.name.startswith("lrt_trace_iter")),
+        key=lambda p: p.stat().st_mtime,
+    )
+    assert dirs and dirs[0].name == f"lrt_trace_iter0_pid{os.getpid()}"
+    assert len(dirs) >= 8  # one per engine step: 4 prefill chunks, then decodes
+    runs = [[json.loads(f.read_text()) for f in sorted(d.glob("lrt_trace_*/summary.json"))] for d in dirs]
+    assert all(step for step in runs)
+    mixed = [step for step in runs if {r["specialization"] for r in step} == {"Prefill", "Decode"}]
+    assert mixed, "a prefill chunk ran in the same step as the decode of the first request"
+    for step in mixed:
+        # The decode and the prefill chunk went out on separate exec objects, both in flight.
+        assert len({(r["queue"], r["exec_obj"]) for r in step}) == 2
     monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR")
     before = set(tmp_path.iterdir())
     llm.start_profile()
