@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
 FULL_BATCH = 4
 CTX = 256
 CHUNK = 16
@@ -41,12 +39,17 @@ def worker_of(llm: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def llm(tiny_model: Path) -> Iterator[Any]:
+    """An in-process engine (no engine-core subprocess), so tests can look at the runner."""
+    import vllm.envs
     from vllm import LLM
 
-    engine = LLM(model=str(tiny_model), seed=0, **ENGINE_ARGS)
-    yield engine
-    del engine
-    gc.collect()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        engine = LLM(model=str(tiny_model), seed=0, **ENGINE_ARGS)
+        yield engine
+        del engine
+        gc.collect()
+    vllm.envs.disable_envs_cache()  # the engine froze vLLM's env reads; later tests set their own
 
 
 @pytest.fixture(scope="module")
