@@ -7,6 +7,7 @@ from types import ModuleType
 import pytest
 
 from qaic_core.descriptors import DeviceBackend
+from qaic_core.errors import QaicBackendNotFoundError
 from qaic_core.manager import get_plugin_manager
 
 
@@ -22,7 +23,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def backend(request: pytest.FixtureRequest) -> DeviceBackend:
     name = request.config.getoption("--qaic-backend")
     pm = get_plugin_manager()
-    return pm.select_device_backend(name)
+    try:
+        return pm.select_device_backend(name)
+    except QaicBackendNotFoundError as err:
+        pytest.exit(f"cannot run the conformance suite: {err}", returncode=2)
 
 
 @pytest.fixture(autouse=True)
