@@ -13,6 +13,7 @@ VLLM_QAIC_NUM_CORES = "VLLM_QAIC_NUM_CORES"
 VLLM_QAIC_MOS = "VLLM_QAIC_MOS"
 VLLM_QAIC_DFS_EN = "VLLM_QAIC_DFS_EN"
 VLLM_QAIC_COMPILER_ARGS = "VLLM_QAIC_COMPILER_ARGS"
+VLLM_QAIC_MAX_CPU_THREADS = "VLLM_QAIC_MAX_CPU_THREADS"
 
 ENV_VARS: dict[str, str] = {
     VLLM_QAIC_QPC_PATH: "a prebuilt QPC directory to serve instead of compiling (checked against the model)",
@@ -20,6 +21,7 @@ ENV_VARS: dict[str, str] = {
     VLLM_QAIC_MOS: "compiler -mos value (>= 1); override_qaic_config.mos wins",
     VLLM_QAIC_DFS_EN: "1 to compile with -aic-enable-depth-first",
     VLLM_QAIC_COMPILER_ARGS: "extra qaic-compile arguments, space separated",
+    VLLM_QAIC_MAX_CPU_THREADS: "torch threads of the worker's host work (sampling); default: torch's own",
     "VLLM_TORCH_PROFILER_DIR": "where worker.profile() writes per-iteration device traces (lrt_trace_iter{N}_pid{P})",
 }
 """Every variable this plugin reads, with a one-line meaning (docs/vllm.md lists the same)."""
@@ -60,3 +62,16 @@ def overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, An
     if raw:
         out["qpc_path"] = raw
     return out
+
+
+def max_cpu_threads(environ: Mapping[str, str] | None = None) -> int | None:
+    """``VLLM_QAIC_MAX_CPU_THREADS`` as a positive integer, or None when unset."""
+    env = os.environ if environ is None else environ
+    raw = env.get(VLLM_QAIC_MAX_CPU_THREADS, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise QaicConfigError(
+            f"{VLLM_QAIC_MAX_CPU_THREADS}={raw!r} is not a positive integer: give a thread count such as 1"
+        )
+    return int(raw)

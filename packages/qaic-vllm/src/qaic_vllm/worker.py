@@ -14,6 +14,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from qaic_vllm.config import EngineSettings, engine_settings
+from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
 from qaic_vllm.model_runner import AotModelRunner
 from qaic_vllm.platform import configure_logging
 from qaic_vllm.profiling import IterationTracer
@@ -60,6 +61,10 @@ class QaicWorker(WorkerBase):
         from qaic_core import get_plugin_manager
 
         self.device = torch.device("cpu")
+        threads = max_cpu_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+            log.info("qaic: host work limited to %d torch thread(s) (%s)", threads, VLLM_QAIC_MAX_CPU_THREADS)
         name_device_type()
         init_distributed_environment(
             world_size=1,

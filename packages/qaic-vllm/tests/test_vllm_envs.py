@@ -1,0 +1,30 @@
+"""The plugin's environment variables: parsing, registration with vLLM, documentation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qaic_core.errors import QaicConfigError
+from qaic_vllm import envs
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "vllm.md"
+
+
+def test_max_cpu_threads_parses_and_rejects_nonsense() -> None:
+    assert envs.max_cpu_threads({}) is None
+    assert envs.max_cpu_threads({"VLLM_QAIC_MAX_CPU_THREADS": " 2 "}) == 2
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(QaicConfigError, match="VLLM_QAIC_MAX_CPU_THREADS"):
+            envs.max_cpu_threads({"VLLM_QAIC_MAX_CPU_THREADS": bad})
+
+
+def test_every_variable_is_registered_with_vllm_and_documented() -> None:
+    import vllm.envs as venvs
+
+    envs.register_with_vllm()
+    text = DOCS.read_text()
+    for name in envs.ENV_VARS:
+        assert name in venvs.environment_variables, name
+        assert f"`{name}`" in text, f"docs/vllm.md does not document {name}"
