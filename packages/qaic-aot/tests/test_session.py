@@ -14,11 +14,10 @@ import pytest
 
 from qaic_aot import QAICInferenceSession
 from qaic_core import get_plugin_manager
-from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_core.session import QaicSession
-from qaic_core.testing.models import write_accumulator
-from qaic_core.types import QStatus, Specialization
+from qaic_core.testing.models import compile_accumulator
+from qaic_core.types import QStatus
 
 WIDTH, SLOTS = 4, 2
 
@@ -29,22 +28,9 @@ def accumulator_qpc(tmp_path_factory: pytest.TempPathFactory) -> Path:
     backend = get_plugin_manager().select_device_backend()
     if backend.compiler is None:
         pytest.skip(f"backend {backend.name!r} has no compiler")
-    root = tmp_path_factory.mktemp("accumulator")
-    onnx_path = write_accumulator(root / "accumulator.onnx", width=WIDTH, slots=SLOTS)
-    specs = [Specialization("one", {"batch_size": 1}), Specialization("two", {"batch_size": 2})]
-    layout.write_specializations(root / layout.SPECIALIZATIONS_FILE, specs)
-    backend.compiler(
-        [
-            "-aic-hw",
-            "-aic-hw-version=ai100",
-            f"-m={onnx_path}",
-            "-retained-state",
-            "-aic-num-cores=1",
-            f"-network-specialization-config={root / layout.SPECIALIZATIONS_FILE}",
-            f"-aic-binary-dir={root / 'qpc'}",
-        ]
+    return compile_accumulator(
+        backend.compiler, tmp_path_factory.mktemp("accumulator"), width=WIDTH, slots=SLOTS
     )
-    return root
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import pytest
 
 from qaic_core import qpc as layout
 from qaic_core.descriptors import CAPABILITIES, DeviceBackend
-from qaic_core.testing.models import write_accumulator
-from qaic_core.types import BUFFER_DTYPES, BufferType, QStatus, Specialization
+from qaic_core.testing.models import compile_accumulator
+from qaic_core.types import BUFFER_DTYPES, BufferType, QStatus
 
 RUNTIME_NAMES = [
     "QIDList",
@@ -64,21 +64,7 @@ def test_devices_are_listed_with_resources(qaicrt: ModuleType) -> None:
 def accumulator_qpc(backend: DeviceBackend, tmp_path_factory: pytest.TempPathFactory) -> Path:
     if "compile" not in backend.capabilities or backend.compiler is None:
         pytest.skip(f"backend {backend.name!r} does not claim compile")
-    root = tmp_path_factory.mktemp("accumulator")
-    onnx_path = write_accumulator(root / "accumulator.onnx")
-    specs = [Specialization("one", {"batch_size": 1}), Specialization("two", {"batch_size": 2})]
-    layout.write_specializations(root / layout.SPECIALIZATIONS_FILE, specs)
-    backend.compiler(
-        [
-            "-aic-hw",
-            "-aic-hw-version=ai100",
-            f"-m={onnx_path}",
-            "-retained-state",
-            "-aic-num-cores=1",
-            f"-network-specialization-config={root / layout.SPECIALIZATIONS_FILE}",
-            f"-aic-binary-dir={root / 'qpc'}",
-        ]
-    )
+    root = compile_accumulator(backend.compiler, tmp_path_factory.mktemp("accumulator"))
     assert layout.qpc_exists(root)
     return root / "qpc"
 
@@ -305,23 +291,13 @@ def test_program_spans_two_devices(
     _, ids = qaicrt.Util().getDeviceIds()
     if len(ids) < 2:
         pytest.skip("needs two devices")
-    onnx_path = write_accumulator(tmp_path / "accumulator.onnx")
-    layout.write_specializations(
-        tmp_path / layout.SPECIALIZATIONS_FILE, [Specialization("one", {"batch_size": 1})]
-    )
     (tmp_path / "mdp_ts_2.json").write_text(json.dumps(layout.mdp_partition(ids[:2], 1)))
     assert backend.compiler is not None
-    backend.compiler(
-        [
-            "-aic-hw",
-            "-aic-hw-version=ai100",
-            f"-m={onnx_path}",
-            "-retained-state",
-            "-aic-num-cores=1",
-            f"-network-specialization-config={tmp_path / layout.SPECIALIZATIONS_FILE}",
-            f"-mdp-load-partition-config={tmp_path / 'mdp_ts_2.json'}",
-            f"-aic-binary-dir={tmp_path / 'qpc'}",
-        ]
+    compile_accumulator(
+        backend.compiler,
+        tmp_path,
+        batch_sizes=(1,),
+        extra_flags=[f"-mdp-load-partition-config={tmp_path / 'mdp_ts_2.json'}"],
     )
     ctx = qaicrt.Context(qaicrt.QIDList(ids[:2]))
     props = qaicrt.QAicProgramProperties()

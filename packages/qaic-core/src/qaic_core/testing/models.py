@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,3 +37,39 @@ def write_accumulator(path: Path, width: int = 4, slots: int = 2) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def compile_accumulator(
+    compiler: Callable[[Sequence[str]], None],
+    root: Path,
+    *,
+    batch_sizes: Sequence[int] = (1, 2),
+    width: int = 4,
+    slots: int = 2,
+    extra_flags: Sequence[str] = (),
+) -> Path:
+    """Write the accumulator program under ``root`` and compile it; returns ``root`` (QPC layout).
+
+    One specialization per batch size, named ``b<N>`` (``one``/``two`` for 1 and 2), compiled with
+    the flags QEfficient passes for a retained-state program on one core.
+    """
+    from qaic_core import qpc as layout
+    from qaic_core.types import Specialization
+
+    names = {1: "one", 2: "two"}
+    onnx_path = write_accumulator(root / "accumulator.onnx", width=width, slots=slots)
+    specs = [Specialization(names.get(b, f"b{b}"), {"batch_size": b}) for b in batch_sizes]
+    layout.write_specializations(root / layout.SPECIALIZATIONS_FILE, specs)
+    compiler(
+        [
+            "-aic-hw",
+            "-aic-hw-version=ai100",
+            f"-m={onnx_path}",
+            "-retained-state",
+            "-aic-num-cores=1",
+            f"-network-specialization-config={root / layout.SPECIALIZATIONS_FILE}",
+            *extra_flags,
+            f"-aic-binary-dir={root / 'qpc'}",
+        ]
+    )
+    return root
