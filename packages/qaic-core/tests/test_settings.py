@@ -28,6 +28,14 @@ def test_defaults_match_qefficient() -> None:
         ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"batch_size": 4, "full_batch_size": 2}, "full_batch_size"),
         ({"full_batch_size": 0}, "--full-batch-size"),
+        ({"num_devices": 2, "device_group": (0,)}, "--device-group"),
+        ({"num_devices": 2, "device_group": (1, 1)}, "--device-group"),
+        ({"num_devices": 1, "device_group": (-1,)}, "negative device id: fix --device-group"),
+        ({"num_devices": 0}, "--device-group"),
+        ({"mos": 0}, "--mos"),
+        ({"num_speculative_tokens": 0}, "--num-speculative-tokens"),
+        ({"num_speculative_tokens": 128, "ctx_len": 128}, "raise --ctx-len"),
+        ({"batch_size": 4, "full_batch_size": 2}, "--full-batch-size"),
     ],
 )
 def test_invalid_settings_are_rejected(kwargs: dict, needle: str) -> None:
@@ -42,6 +50,8 @@ def test_from_mapping_accepts_aliases_and_rejects_unknown_keys() -> None:
     assert s.mxfp6 and s.aic_enable_depth_first and s.device_group == (0, 1)
     with pytest.raises(QaicConfigError, match="unknown compile setting 'num_core'"):
         CompileSettings.from_mapping({"num_core": 4})
+    with pytest.raises(QaicConfigError, match="device_group '0,a' is not a list of device ids"):
+        CompileSettings.from_mapping({"device_group": "0,a", "num_devices": 2})
 
 
 def test_round_trip_through_dict() -> None:

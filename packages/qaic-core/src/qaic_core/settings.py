@@ -52,7 +52,13 @@ class CompileSettings:
                     value.split(",") if isinstance(value, str) and name == "device_group" else value
                 )
                 if name == "device_group":
-                    value = tuple(int(v) for v in value)
+                    try:
+                        value = tuple(int(v) for v in value)
+                    except ValueError:
+                        raise QaicConfigError(
+                            f"device_group {values[key]!r} is not a list of device ids: "
+                            "write it as '0,1' or [0, 1] (--device-group)"
+                        ) from None
             clean[name] = value
         return cls(**clean)
 
@@ -85,32 +91,41 @@ class CompileSettings:
                 "(NSP cores per SoC): set --num-cores accordingly"
             )
         if not 1 <= self.num_devices <= MAX_DEVICES:
-            raise QaicConfigError(f"num_devices ({self.num_devices}) must be between 1 and {MAX_DEVICES}")
+            raise QaicConfigError(
+                f"num_devices ({self.num_devices}) must be between 1 and {MAX_DEVICES}: "
+                "list the SoCs with --device-group"
+            )
         if self.device_group is not None:
             if len(self.device_group) != self.num_devices:
                 raise QaicConfigError(
                     f"device_group {list(self.device_group)} has {len(self.device_group)} devices but "
-                    f"num_devices is {self.num_devices}: make them agree"
+                    f"num_devices is {self.num_devices}: make them agree (--device-group)"
                 )
             if len(set(self.device_group)) != len(self.device_group):
-                raise QaicConfigError(f"device_group {list(self.device_group)} lists a device twice")
+                raise QaicConfigError(
+                    f"device_group {list(self.device_group)} lists a device twice: fix --device-group"
+                )
             if any(d < 0 for d in self.device_group):
-                raise QaicConfigError(f"device_group {list(self.device_group)} has a negative device id")
+                raise QaicConfigError(
+                    f"device_group {list(self.device_group)} has a negative device id: fix --device-group"
+                )
         if self.mos is not None and self.mos < 1:
-            raise QaicConfigError(f"mos ({self.mos}) must be >= 1 or unset")
+            raise QaicConfigError(f"mos ({self.mos}) must be >= 1 or unset: fix --mos")
         if self.num_speculative_tokens is not None:
             if self.num_speculative_tokens < 1:
                 raise QaicConfigError(
-                    f"num_speculative_tokens ({self.num_speculative_tokens}) must be >= 1 or unset"
+                    f"num_speculative_tokens ({self.num_speculative_tokens}) must be >= 1 or unset: "
+                    "fix --num-speculative-tokens"
                 )
             if self.num_speculative_tokens + 1 > self.ctx_len:
                 raise QaicConfigError(
                     f"num_speculative_tokens + 1 ({self.num_speculative_tokens + 1}) exceeds ctx_len "
-                    f"({self.ctx_len})"
+                    f"({self.ctx_len}): lower --num-speculative-tokens or raise --ctx-len"
                 )
         if self.full_batch_size is not None and self.batch_size > self.full_batch_size:
             raise QaicConfigError(
-                f"batch_size ({self.batch_size}) must not exceed full_batch_size ({self.full_batch_size})"
+                f"batch_size ({self.batch_size}) must not exceed full_batch_size ({self.full_batch_size}): "
+                "lower --batch-size or raise --full-batch-size"
             )
 
     def to_dict(self) -> dict[str, Any]:
