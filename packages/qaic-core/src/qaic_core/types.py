@@ -9,7 +9,11 @@ import numpy as np
 
 
 class QStatus(enum.IntEnum):
-    """The runtime's status codes (``qaicrt.QStatus``)."""
+    """The runtime's status codes (``qaicrt.QStatus``).
+
+    The real module spells them ``QS_SUCCESS``, ``QS_NOMEM``, ...; those names are aliases here, so
+    iteration and ``.name`` give the plain names.
+    """
 
     SUCCESS = 0
     PERM = 1
@@ -26,6 +30,21 @@ class QStatus(enum.IntEnum):
     DATA_CRC_ERROR = 12
     DEV_ERROR = 300
     ERROR = 500
+    QS_SUCCESS = 0
+    QS_PERM = 1
+    QS_AGAIN = 2
+    QS_NOMEM = 3
+    QS_BUSY = 4
+    QS_NODEV = 5
+    QS_INVAL = 6
+    QS_NOSPC = 7
+    QS_BADFD = 8
+    QS_TIMEDOUT = 9
+    QS_PROTOCOL = 10
+    QS_UNSUPPORTED = 11
+    QS_DATA_CRC_ERROR = 12
+    QS_DEV_ERROR = 300
+    QS_ERROR = 500
 
 
 class BufferType(enum.IntEnum):
