@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 import pluggy
@@ -128,14 +128,6 @@ class QaicPluginManager(pluggy.PluginManager):
                 f"({backend.description or backend.package}); " + _install_hint(backends)
             )
         return backend
-
-    def select_by_name(self, kind: Callable[[], dict[str, D]], name: str, what: str) -> D:
-        """Pick a descriptor by name from ``kind`` (one of the lookups), listing the choices."""
-        items = kind()
-        if name not in items:
-            choices = ", ".join(sorted(items)) or "none installed"
-            raise QaicBackendNotFoundError(f"unknown {what} {name!r}; installed: {choices}")
-        return items[name]
 
 
 def _version(dist: str) -> str:
