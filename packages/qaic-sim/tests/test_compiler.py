@@ -124,6 +124,8 @@ def _argv(
         (("-retained-state", "-aic-num-cores=17"), None, "aic-num-cores=17 is out of range"),
         (("-retained-state", "-aic-hw-version=ai200"), None, "aic-hw-version"),
         (("-retained-state", "-mos"), None, "-mos needs a value"),
+        (("-retained-state", "-mos=0"), None, "-mos=0 is out of range: must be >= 1"),
+        (("-retained-state", "-stats-batchsize=x"), None, "-stats-batchsize='x' is not an integer"),
         (
             ("-retained-state",),
             [Specialization("P", {"batch_size": 1, "seq_len": 4, "full_batch_size": 2})],

@@ -81,11 +81,8 @@ class CompileOptions:
     retained_state: bool = False
     convert_to_fp16: bool = False
     mxfp6_matmul: bool = False
-    mos: int | None = None
-    depth_first: bool = False
     define_symbols: dict[str, int] = field(default_factory=dict)
     argv: tuple[str, ...] = ()
-    ignored: list[str] = field(default_factory=list)
 
 
 def _int(name: str, value: str, low: int, high: int | None = None) -> int:
@@ -146,9 +143,7 @@ def parse_argv(argv: Sequence[str]) -> CompileOptions:
     model = Path(values["m"])
     if not model.is_file():
         raise QaicConfigError(f"-m={model}: no such ONNX file")
-    opts = CompileOptions(
-        model=model, binary_dir=Path(values["aic-binary-dir"]), argv=tuple(argv), ignored=ignored
-    )
+    opts = CompileOptions(model=model, binary_dir=Path(values["aic-binary-dir"]), argv=tuple(argv))
     for key, attr in (
         ("network-specialization-config", "specializations"),
         ("custom-IO-list-file", "custom_io"),
@@ -161,14 +156,12 @@ def parse_argv(argv: Sequence[str]) -> CompileOptions:
             setattr(opts, attr, path)
     if "aic-num-cores" in values:
         opts.num_cores = _int("aic-num-cores", values["aic-num-cores"], 1, MAX_CORES_PER_SOC)
-    if "mos" in values:
-        opts.mos = _int("mos", values["mos"], 1)
-    if "stats-batchsize" in values:
-        _int("stats-batchsize", values["stats-batchsize"], 1)
+    for name in ("mos", "stats-batchsize"):  # checked like the real compiler, no effect here
+        if name in values:
+            _int(name, values[name], 1)
     opts.retained_state = "retained-state" in flags
     opts.convert_to_fp16 = "convert-to-fp16" in flags
     opts.mxfp6_matmul = "mxfp6-matmul" in flags
-    opts.depth_first = "aic-enable-depth-first" in flags
     opts.define_symbols = symbols
     if ignored:
         log.info("accepted without effect in the simulator: %s", " ".join(ignored))
