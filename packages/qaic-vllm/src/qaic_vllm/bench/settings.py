@@ -10,6 +10,14 @@ from qaic_vllm.bench.server import ServeShape, Workload
 DEFAULT_PACE_AS = "llama-2-7b"
 """The realistic shape the simulator is paced to by default (QAIC_SIM_PACE_AS)."""
 
+_PRESETS: dict[str, tuple[int, int, int, int, int, int, int]] = {
+    # BenchSettings' first seven fields in order: batch, input_len, output_len, num_prompts,
+    # prefill_seq_len, host_input_len, host_output_len
+    "quick": (4, 64, 24, 8, 64, 16, 48),
+    "full": (8, 96, 64, 32, 128, 32, 64),
+}
+"""What differs between ``--quick`` and a full run; everything else is a field default."""
+
 
 @dataclass(frozen=True)
 class BenchSettings:
@@ -19,43 +27,26 @@ class BenchSettings:
     input_len: int
     output_len: int
     num_prompts: int
-    max_model_len: int
     prefill_seq_len: int
-    host_batches: tuple[int, ...]
     host_input_len: int
     host_output_len: int
+    max_model_len: int = 256
+    host_batches: tuple[int, ...] = (1, 8, 32)
     pace_as: str = DEFAULT_PACE_AS
     topology: str = "ultra"
 
     @classmethod
+    def preset(cls, name: str, pace_as: str = DEFAULT_PACE_AS) -> BenchSettings:
+        """The ``quick`` or ``full`` settings, paced to ``pace_as``."""
+        return cls(*_PRESETS[name], pace_as=pace_as)
+
+    @classmethod
     def quick(cls, pace_as: str = DEFAULT_PACE_AS) -> BenchSettings:
-        return cls(
-            batch=4,
-            input_len=64,
-            output_len=24,
-            num_prompts=8,
-            max_model_len=256,
-            prefill_seq_len=64,
-            host_batches=(1, 8, 32),
-            host_input_len=16,
-            host_output_len=48,
-            pace_as=pace_as,
-        )
+        return cls.preset("quick", pace_as)
 
     @classmethod
     def full(cls, pace_as: str = DEFAULT_PACE_AS) -> BenchSettings:
-        return cls(
-            batch=8,
-            input_len=96,
-            output_len=64,
-            num_prompts=32,
-            max_model_len=256,
-            prefill_seq_len=128,
-            host_batches=(1, 8, 32),
-            host_input_len=32,
-            host_output_len=64,
-            pace_as=pace_as,
-        )
+        return cls.preset("full", pace_as)
 
     @property
     def serve_shape(self) -> ServeShape:
