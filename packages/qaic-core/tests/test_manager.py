@@ -8,6 +8,7 @@ import types
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint
 
+import pluggy
 import pytest
 
 from qaic_core import (
@@ -144,7 +145,7 @@ def test_check_pending_rejects_an_unknown_hook() -> None:
     mod.qaic_device_backend = qaic_device_backend  # type: ignore[attr-defined]
     pm = QaicPluginManager(strict=True)
     pm.register_plugin(mod, "typo", "typo-pkg")
-    with pytest.raises(Exception, match="qaic_device_backend"):
+    with pytest.raises(pluggy.PluginValidationError, match="qaic_device_backend"):
         pm.check_pending()
 
 
