@@ -6,6 +6,7 @@ that passes them can stand in for the real ``qaicrt``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -235,8 +236,6 @@ def test_zero_copy_setdata_fills_outputs_in_place(
 def test_slices_write_one_slot_of_retained_state(
     qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
 ) -> None:
-    import json
-
     s = _Session(qaicrt, aicapi, accumulator_qpc)
     try:
         idx = {b.name: b.index for b in s.bindings}
@@ -286,8 +285,6 @@ def test_resources_follow_activate_and_unload(qaicrt: ModuleType, accumulator_qp
 def test_program_spans_two_devices(
     qaicrt: ModuleType, aicapi: ModuleType, backend: DeviceBackend, tmp_path: Path
 ) -> None:
-    import json
-
     _, ids = qaicrt.Util().getDeviceIds()
     if len(ids) < 2:
         pytest.skip("needs two devices")

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from qaic_core import qpc as layout
+from qaic_core.types import Specialization
+
 
 def write_accumulator(path: Path, width: int = 4, slots: int = 2) -> Path:
     """A retained-state program: ``state[batch_index] += x``; outputs the new row and the state.
@@ -53,9 +56,6 @@ def compile_accumulator(
     One specialization per batch size, named ``b<N>`` (``one``/``two`` for 1 and 2), compiled with
     the flags QEfficient passes for a retained-state program on one core.
     """
-    from qaic_core import qpc as layout
-    from qaic_core.types import Specialization
-
     names = {1: "one", 2: "two"}
     onnx_path = write_accumulator(root / "accumulator.onnx", width=width, slots=slots)
     specs = [Specialization(names.get(b, f"b{b}"), {"batch_size": b}) for b in batch_sizes]
