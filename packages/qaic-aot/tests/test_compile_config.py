@@ -146,3 +146,14 @@ def test_missing_model_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "m" / "config.json").write_text("{}")
     with pytest.raises(QaicConfigError, match=r"model\.safetensors"):
         model_files.check_model_dir(tmp_path / "m")
+
+
+def test_progress_variable_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qaic_aot.progress import stage
+
+    monkeypatch.setenv("QAIC_PROGRESS", "maybe")
+    with pytest.raises(QaicConfigError, match="QAIC_PROGRESS='maybe' is not a boolean"), stage("step"):
+        pass
+    monkeypatch.setenv("QAIC_PROGRESS", "1")
+    with stage("step"):
+        pass

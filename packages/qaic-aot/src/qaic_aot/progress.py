@@ -11,6 +11,11 @@ from contextlib import contextmanager
 
 from tqdm import tqdm
 
+from qaic_core import env
+
+PROGRESS_ENV = "QAIC_PROGRESS"
+"""Set to 1 for progress bars also when stderr is no terminal (e.g. in CI logs)."""
+
 
 @contextmanager
 def stage(description: str, *, enabled: bool = True, logger: logging.Logger | None = None) -> Iterator[None]:
@@ -22,7 +27,7 @@ def stage(description: str, *, enabled: bool = True, logger: logging.Logger | No
         total=None,
         desc=description,
         bar_format="{desc}: {elapsed}",
-        disable=not enabled or (not sys.stderr.isatty() and not _force_progress()),
+        disable=not enabled or (not sys.stderr.isatty() and not env.env_flag(PROGRESS_ENV)),
         leave=False,
     )
     stop = threading.Event()
@@ -40,10 +45,3 @@ def stage(description: str, *, enabled: bool = True, logger: logging.Logger | No
         ticker.join()
         bar.close()
     log.info("%s done in %.1f s", description, time.monotonic() - start)
-
-
-def _force_progress() -> bool:
-    """Progress bars also when stderr is no terminal (``QAIC_PROGRESS=1``, e.g. in CI logs)."""
-    import os
-
-    return os.environ.get("QAIC_PROGRESS", "").strip().lower() in {"1", "true", "yes", "on"}
