@@ -299,14 +299,24 @@ def test_program_spans_two_devices(
     ctx = qaicrt.Context(qaicrt.QIDList(ids[:2]))
     props = qaicrt.QAicProgramProperties()
     props.devMapping = ":".join(map(str, ids[:2]))
-    program = qaicrt.Program(ctx, None, qaicrt.Qpc(str(tmp_path / "qpc")), props)
+    qpc = qaicrt.Qpc(str(tmp_path / "qpc"))
+    status, data = qpc.getIoDescriptor()
+    assert int(status) == _ok(qaicrt)
+    iodesc = aicapi.IoDesc()
+    iodesc.ParseFromString(bytes(data))
+    idx = {b.name: b.index for b in iodesc.selected_set.bindings}
+    program = qaicrt.Program(ctx, None, qpc, props)
     assert int(program.load()) == _ok(qaicrt)
     assert int(program.activate()) == _ok(qaicrt)
     exe = qaicrt.ExecObj(ctx, program)
     y = np.zeros((1, 4), np.float32)
-    exe.setData(
-        [(0, np.ones((1, 4), np.float32)), (1, np.array([[0]])), (2, np.zeros((2, 4), np.float32)), (3, y)]
-    )
+    pairs = [
+        (idx["x"], np.ones((1, 4), np.float32)),
+        (idx["batch_index"], np.array([[0]])),
+        (idx["state"], np.zeros((2, 4), np.float32)),
+        (idx["y"], y),
+    ]
+    assert int(exe.setData(pairs)) == _ok(qaicrt)
     qaicrt.Queue(ctx, ids[0]).enqueue(exe)
     assert int(exe.waitForCompletion()) == _ok(qaicrt)
     np.testing.assert_array_equal(y, np.ones((1, 4), np.float32))
