@@ -28,3 +28,12 @@ def test_every_variable_is_registered_with_vllm_and_documented() -> None:
     for name in envs.ENV_VARS:
         assert name in venvs.environment_variables, name
         assert f"`{name}`" in text, f"docs/vllm.md does not document {name}"
+
+
+def test_dfs_flag_parses_like_every_other_boolean_variable() -> None:
+    assert "aic_enable_depth_first" not in envs.overrides_from_env({})
+    assert "aic_enable_depth_first" not in envs.overrides_from_env({"VLLM_QAIC_DFS_EN": " "})
+    assert envs.overrides_from_env({"VLLM_QAIC_DFS_EN": "On"})["aic_enable_depth_first"] is True
+    assert envs.overrides_from_env({"VLLM_QAIC_DFS_EN": "0"})["aic_enable_depth_first"] is False
+    with pytest.raises(QaicConfigError, match="VLLM_QAIC_DFS_EN='maybe' is not a boolean"):
+        envs.overrides_from_env({"VLLM_QAIC_DFS_EN": "maybe"})

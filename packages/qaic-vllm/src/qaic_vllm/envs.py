@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from qaic_core.env import env_flag
 from qaic_core.errors import QaicConfigError
 
 VLLM_QAIC_QPC_PATH = "VLLM_QAIC_QPC_PATH"
@@ -50,11 +51,8 @@ def overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, An
                 out[key] = int(raw)
             except ValueError:
                 raise QaicConfigError(f"{name}={raw!r} is not an integer: set it to a whole number") from None
-    raw = env.get(VLLM_QAIC_DFS_EN, "").strip().lower()
-    if raw:
-        if raw not in {"0", "1", "true", "false", "yes", "no", "on", "off"}:
-            raise QaicConfigError(f"{VLLM_QAIC_DFS_EN}={raw!r} is not a boolean: use 1 or 0")
-        out["aic_enable_depth_first"] = raw in {"1", "true", "yes", "on"}
+    if env.get(VLLM_QAIC_DFS_EN, "").strip():
+        out["aic_enable_depth_first"] = env_flag(VLLM_QAIC_DFS_EN, environ=env)
     raw = env.get(VLLM_QAIC_COMPILER_ARGS, "").strip()
     if raw:
         out["compiler_args"] = tuple(raw.split())
