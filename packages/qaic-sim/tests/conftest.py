@@ -16,13 +16,14 @@ SIM_ENV = (
     "QAIC_SIM_TRACE_DIR",
     "QAIC_SIM_PACE",
     "QAIC_SIM_PACE_AS",
+    "QAIC_SIM_THREADS",
     "QAIC_VISIBLE_DEVICES",
 )
 
 
 @pytest.fixture(autouse=True)
 def fresh_topology(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts from the default Ultra card, no faults, no tracing."""
+    """Each test starts from the default Ultra card, no faults, no tracing, no env overrides."""
     for name in SIM_ENV:
         monkeypatch.delenv(name, raising=False)
     trace.stop()
