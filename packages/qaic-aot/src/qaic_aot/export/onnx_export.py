@@ -16,6 +16,7 @@ from qaic_aot.export.decoder import DecoderGraph
 from qaic_aot.export.families import check_architecture, decoder_spec, model_facts
 from qaic_aot.export.qeff import export_with_qefficient, qefficient_available, relocate_onnx
 from qaic_aot.export.weights import WeightSource, load_weights, weight_files
+from qaic_aot.model_files import config_path
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import CompileSettings
 
@@ -31,15 +32,7 @@ EXTERNAL_DATA_BYTES = 1 << 30
 
 def load_config(model_dir: Path) -> Any:
     """The model's transformers config, with errors that name the missing file."""
-    if not model_dir.is_dir():
-        raise QaicConfigError(
-            f"model directory {model_dir} does not exist: pass the path of a downloaded model"
-        )
-    if not (model_dir / "config.json").is_file():
-        raise QaicConfigError(
-            f"{model_dir / 'config.json'} is missing: the model directory must hold the Hugging Face checkpoint "
-            "(config.json and model.safetensors)"
-        )
+    config_path(model_dir)
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(model_dir))
