@@ -147,6 +147,29 @@ def test_rejections(
     assert not (tmp_path / "qpc" / layout.PROGRAM_FILE).exists()
 
 
+@pytest.mark.parametrize(
+    ("mdp", "message"),
+    [
+        ("not json", "expected \\{connections, partitions"),
+        ({"connections": []}, "expected \\{connections, partitions"),
+        ({**layout.mdp_partition([0, 1], 1), "partitions": []}, "expected \\{connections, partitions"),
+        (
+            {"partitions": layout.mdp_partition([0, 1], 1)["partitions"] * 2},
+            "supports one partition, found 2; list every device",
+        ),
+        ({"partitions": [{"name": "P0", "devices": []}]}, "lists no devices"),
+    ],
+)
+def test_bad_mdp_partition_is_rejected(tmp_path: Path, mdp: object, message: str) -> None:
+    onnx_path, _ = write_kv_model(tmp_path / "kv.onnx")
+    path = tmp_path / "mdp.json"
+    path.write_text(mdp if isinstance(mdp, str) else json.dumps(mdp))
+    argv = _argv(tmp_path, onnx_path, "-retained-state", f"-mdp-load-partition-config={path}")
+    with pytest.raises(QaicConfigError, match=message):
+        compile_argv(argv)
+    assert not (tmp_path / "qpc" / layout.PROGRAM_FILE).exists()
+
+
 def test_rejects_missing_hw_model_and_retained_outputs(tmp_path: Path) -> None:
     onnx_path, _ = write_matmul_model(tmp_path / "mm.onnx")
     spec = [Specialization("b", {"batch_size": 1})]

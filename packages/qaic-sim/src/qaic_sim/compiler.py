@@ -227,9 +227,14 @@ def _num_devices(path: Path | None) -> int:
             f"{where}: expected {{connections, partitions: [{{devices: [...]}}]}} ({exc})"
         ) from exc
     if len(parts) != 1:
-        raise QaicConfigError(f"{where}: the simulator supports one partition, found {len(parts)}")
+        raise QaicConfigError(
+            f"{where}: the simulator supports one partition, found {len(parts)}; list every device "
+            "of the group in one partition (as qaic_core.qpc.mdp_partition writes it)"
+        )
     if not devices:
-        raise QaicConfigError(f"{where}: the partition lists no devices")
+        raise QaicConfigError(
+            f"{where}: the partition lists no devices; give one {{deviceId, numCores}} entry per device"
+        )
     return len(devices)
 
 
