@@ -165,6 +165,10 @@ def test_programs_and_queues_run_side_by_side(tmp_path: Path) -> None:
 def test_unknown_devices_are_errors(tmp_path: Path) -> None:
     with pytest.raises(QaicRuntimeError, match="do not exist"):
         qaicrt.Context(qaicrt.QIDList([7]))
+    with pytest.raises(
+        QaicRuntimeError, match=r"queue device 4 does not exist; visible devices: \[0, 1, 2, 3\]"
+    ):
+        qaicrt.Queue(qaicrt.Context(), 4)
     assert qaicrt.Util().getResourceInfo(9)[0] == QStatus.NODEV
     onnx_path, _ = write_matmul_model(tmp_path / "mm.onnx", width=8)
     qpc = compile_program(tmp_path / "p", onnx_path, [Specialization("b", {"batch_size": 1})], flags=())

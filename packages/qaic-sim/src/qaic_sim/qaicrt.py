@@ -83,8 +83,13 @@ class Queue:
     _ids = 0
 
     def __init__(self, ctx: Context, device: int = 0, props: QAicQueueProperties | None = None) -> None:
-        if get_topology().device(device) is None:
-            raise QaicRuntimeError(f"queue device {device} does not exist", status=int(QStatus.NODEV))
+        topo = get_topology()
+        if topo.device(device) is None:
+            raise QaicRuntimeError(
+                f"queue device {device} does not exist; visible devices: {topo.ids()} "
+                "(see QAIC_VISIBLE_DEVICES and QAIC_SIM_TOPOLOGY)",
+                status=int(QStatus.NODEV),
+            )
         self.ctx = ctx
         self.device = device
         self.props = props or QAicQueueProperties()
@@ -95,7 +100,7 @@ class Queue:
 
     def initProperties(self, props: QAicQueueProperties) -> QStatus:
         if int(props.numThreadsPerQueue) < 1:
-            log.error("numThreadsPerQueue must be >= 1")
+            log.error("numThreadsPerQueue must be >= 1, got %s", props.numThreadsPerQueue)
             return QStatus.INVAL
         with self._lock:
             if self._pool is not None:
