@@ -104,7 +104,8 @@ class CausalLM:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.full_batch_size:
             raise QaicConfigError(
-                f"KV slot {slot} is out of range: full_batch_size is {self.full_batch_size}"
+                f"KV slot {slot} is out of range: full_batch_size is {self.full_batch_size} (slots 0 to "
+                f"{self.full_batch_size - 1}); compile with a larger --full-batch-size for more slots"
             )
 
     def _check_positions(self, last_position: int, what: str) -> None:
