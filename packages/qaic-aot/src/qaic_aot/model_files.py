@@ -9,12 +9,11 @@ from typing import Any
 
 from qaic_core.errors import QaicConfigError
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE, TORCH_INDEX)
 
 
 @dataclass(frozen=True)

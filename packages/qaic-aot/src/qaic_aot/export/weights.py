@@ -11,14 +11,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from qaic_aot.model_files import SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE, TORCH_INDEX
 from qaic_core.errors import QaicConfigError
 
 logger = logging.getLogger("qaic.aot.export")
-
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-TORCH_FILE = "pytorch_model.bin"
-TORCH_INDEX = "pytorch_model.bin.index.json"
 
 
 def weight_files(model_dir: Path) -> list[Path]:
