@@ -34,12 +34,9 @@ class RequestState:
 
     req_id: str
     slot: int
-    prompt_len: int
     token_ids: list[int]
     num_computed: int
     params: SamplingParams | None
-    outputs: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -64,7 +61,6 @@ class AotModelRunner:
         self.vocab_size = int(lm.vocab_size)
         self.requests: dict[str, RequestState] = {}
         self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
-        self.step_count = 0
         self.max_running_seen = 0
         self._pending: tuple[list[str], StepPlan, dict[str, np.ndarray]] | None = None
         self.step_log: deque[tuple[int, int]] = deque(maxlen=100_000)
@@ -92,7 +88,6 @@ class AotModelRunner:
             state = RequestState(
                 req_id=new.req_id,
                 slot=slot,
-                prompt_len=prompt_len,
                 token_ids=tokens,
                 num_computed=int(new.num_computed_tokens),
                 params=new.sampling_params,
@@ -174,7 +169,6 @@ class AotModelRunner:
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput(req_ids=[])
-        self.step_count += 1
         self.max_running_seen = max(self.max_running_seen, len(self.requests))
         plan = self.plan(so)
         self.step_log.append((len(plan.decode), sum(len(tokens) for _, tokens, _ in plan.prefill)))
@@ -227,7 +221,6 @@ class AotModelRunner:
         for i, req_id in enumerate(reqs):
             state = self.requests[req_id]
             state.token_ids.append(tokens[i])
-            state.outputs += 1
             self.sampler.append_token(state.slot, tokens[i])
             out[req_id] = tokens[i]
             if lp is not None:
