@@ -112,5 +112,7 @@ def test_reset_device_now_and_bad_fault_specs(kv: tuple[Path, np.ndarray]) -> No
         faults.inject("meltdown", qid=0)
     with pytest.raises(QaicConfigError, match="QID 9 does not exist"):
         faults.inject("reset", qid=9)
+    with pytest.raises(QaicConfigError, match=r"reset: QID 4 does not exist; devices: \[0, 1, 2, 3\]"):
+        faults.reset_device(4)
     with pytest.raises(QaicConfigError, match="unknown keys"):
         faults.configure(({"kind": "reset", "qid": 0, "load": 1},))

@@ -35,7 +35,6 @@ class Fault:
     kind: str
     qid: int
     at: int
-    count_from: int = 0
     fired: bool = False
 
 
@@ -83,7 +82,7 @@ def inject(kind: str, qid: int = 0, at: int = 1) -> Fault:
     if dev is None:
         raise QaicConfigError(f"fault {kind}: QID {qid} does not exist; devices: {get_topology().ids()}")
     base = dev.loads if KINDS[kind] == "load" else dev.runs
-    fault = Fault(kind, qid, base + at, count_from=base)
+    fault = Fault(kind, qid, base + at)
     with _lock:
         _faults.append(fault)
     log.info("armed fault %s on QID %d at %s %d", kind, qid, KINDS[kind], base + at)
@@ -96,7 +95,7 @@ def reset_device(qid: int) -> None:
 
     dev = get_topology().device(qid)
     if dev is None:
-        raise QaicConfigError(f"reset: QID {qid} does not exist")
+        raise QaicConfigError(f"reset: QID {qid} does not exist; devices: {get_topology().ids()}")
     dev.reset()
 
 
