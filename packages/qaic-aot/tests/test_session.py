@@ -128,6 +128,21 @@ def test_plugin_registers_the_session_and_loader() -> None:
     assert {"LlamaForCausalLM", "GPT2LMHeadModel"} <= loader.architectures
 
 
+def test_the_plugin_loads_without_torch_or_onnx() -> None:
+    code = (
+        "import sys\n"
+        "from qaic_aot import plugin\n"
+        "plugin.qaic_session_backends()\n"
+        "print(sorted(plugin.qaic_model_loaders()[0].architectures))\n"
+        "print(sorted(m for m in ('torch', 'onnx', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    architectures, heavy = done.stdout.splitlines()
+    assert "LlamaForCausalLM" in architectures
+    assert heavy == "[]"
+
+
 FAULT_CHILD = textwrap.dedent(
     """
     import sys

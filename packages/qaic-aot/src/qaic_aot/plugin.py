@@ -3,30 +3,10 @@
 from __future__ import annotations
 
 from qaic_aot.compile import compile_model
+from qaic_aot.export.families import SUPPORTED_ARCHITECTURES
 from qaic_aot.session import QAICInferenceSession
 from qaic_core import hookimpl
 from qaic_core.descriptors import ModelLoader, SessionBackend
-
-FALLBACK_ARCHITECTURES = frozenset(
-    {
-        "LlamaForCausalLM",
-        "MistralForCausalLM",
-        "Qwen2ForCausalLM",
-        "Qwen3ForCausalLM",
-        "Phi3ForCausalLM",
-        "GemmaForCausalLM",
-        "GPT2LMHeadModel",
-    }
-)
-"""The contract's list, used only while ``qaic_aot.export`` cannot be imported."""
-
-
-def supported_architectures() -> frozenset[str]:
-    try:
-        from qaic_aot.export import SUPPORTED_ARCHITECTURES
-    except ImportError:
-        return FALLBACK_ARCHITECTURES
-    return frozenset(SUPPORTED_ARCHITECTURES)
 
 
 @hookimpl
@@ -47,7 +27,7 @@ def qaic_model_loaders() -> list[ModelLoader]:
         ModelLoader(
             name="aot",
             package="qaic-aot",
-            architectures=supported_architectures(),
+            architectures=frozenset(SUPPORTED_ARCHITECTURES),
             load=compile_model,
             description="export to ONNX and compile to a cached QPC (returns the qpc directory)",
         )
