@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ def references(tiny_model_factory: Callable[[str], Path]) -> Callable[[str], HFR
     return get
 
 
+@contextmanager
 def _causal_lm(model_dir: Path, settings: CompileSettings, qeff_home: Path) -> Iterator[qaic_aot.CausalLM]:
     qpc_dir = qaic_aot.compile_model(model_dir, settings, progress=False, qeff_home=qeff_home)
     session = qaic_aot.QAICInferenceSession(qpc_dir / "qpc")
@@ -73,7 +75,7 @@ def test_greedy_tokens_match_transformers_fp32(
     prompts = more_prompts(ref.tokenizer)
     assert max(len(p) for p in prompts) > 3 * BASE["prefill_seq_len"]
     settings = CompileSettings(**BASE, convert_to_fp16=False)
-    for lm in _causal_lm(tiny_model_factory(arch), settings, qeff_home):
+    with _causal_lm(tiny_model_factory(arch), settings, qeff_home) as lm:
         got = lm.generate(prompts, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=ref.eos_token_id)
     expected = [ref.greedy(p, MAX_NEW_TOKENS) for p in prompts]
     assert got == expected
@@ -113,7 +115,7 @@ def test_logits_within_documented_tolerance(
 ) -> None:
     flags, rtol = PRECISIONS[precision]
     settings = CompileSettings(**BASE, **flags)
-    for lm in _causal_lm(tiny_model_factory(arch), settings, qeff_home):
+    with _causal_lm(tiny_model_factory(arch), settings, qeff_home) as lm:
         error, scale = teacher_forced_error(lm, references(arch))
     print(f"{arch} {precision}: max |dlogit| {error:.3e} = {error / scale:.2e} of max |logit| {scale:.2f}")
     assert error <= rtol * scale, f"{precision} logits off by {error:.3e} (limit {rtol * scale:.3e})"
