@@ -16,6 +16,9 @@ from qaic_core.settings import CompileSettings
 
 log = logging.getLogger("qaic.aot.cli")
 
+DEFAULTS = CompileSettings()
+"""Flag defaults are the settings' own defaults, so the CLI and the Python API agree."""
+
 
 def _compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -25,13 +28,33 @@ def _compile_flags(parser: argparse.ArgumentParser) -> None:
         "-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)"
     )
     g = parser.add_argument_group("compile settings")
-    g.add_argument("--ctx-len", type=int, default=128, help="context length (KV positions per sequence)")
-    g.add_argument("--prefill-seq-len", type=int, default=32, help="tokens per prefill chunk")
+    g.add_argument(
+        "--ctx-len",
+        type=int,
+        default=DEFAULTS.ctx_len,
+        help="context length (KV positions per sequence; default %(default)s)",
+    )
+    g.add_argument(
+        "--prefill-seq-len",
+        type=int,
+        default=DEFAULTS.prefill_seq_len,
+        help="tokens per prefill chunk (default %(default)s)",
+    )
     g.add_argument(
         "--full-batch-size", type=int, default=None, help="KV slots for continuous batching (decode batch)"
     )
-    g.add_argument("--num-cores", type=int, default=16, help="NSP cores per device (1-16)")
-    g.add_argument("--num-devices", type=int, default=1, help="devices (SoCs) to tensor-slice the model over")
+    g.add_argument(
+        "--num-cores",
+        type=int,
+        default=DEFAULTS.num_cores,
+        help="NSP cores per device (1-16, default %(default)s)",
+    )
+    g.add_argument(
+        "--num-devices",
+        type=int,
+        default=DEFAULTS.num_devices,
+        help="devices (SoCs) to tensor-slice the model over",
+    )
     g.add_argument("--device-group", default=None, help="device ids to run on, comma separated, e.g. 0,1")
     g.add_argument("--mxfp6", action="store_true", help="compress matmul weights to mxfp6 (-mxfp6-matmul)")
     g.add_argument("--mxint8", action="store_true", help="keep the KV cache in mxint8 (custom_io.yaml)")
