@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,3 +52,19 @@ def test_another_models_program_is_refused(
 def test_missing_program_is_named(tmp_path: Path, tiny_llama: Path) -> None:
     with pytest.raises(QaicConfigError, match=r"programqpc\.bin is missing"):
         validate_qpc(tmp_path, tiny_llama, SETTINGS)
+
+
+def test_without_specializations_json_the_allowed_shapes_are_used(
+    llama_qpc: Path, tiny_llama: Path, tmp_path: Path
+) -> None:
+    program = shutil.copytree(llama_qpc / "qpc", tmp_path / "program-only")
+    assert not (program / "specializations.json").exists()
+    validate_qpc(program, tiny_llama, SETTINGS)
+    with pytest.raises(QaicConfigError) as err:
+        validate_qpc(
+            program, tiny_llama, SETTINGS.replace(ctx_len=128, prefill_seq_len=16, full_batch_size=4)
+        )
+    message = str(err.value)
+    assert "ctx_len: program [64], requested 128" in message
+    assert "prefill_seq_len: program [8], requested 16" in message
+    assert "full_batch_size: program [2], requested 4" in message

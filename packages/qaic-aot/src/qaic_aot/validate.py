@@ -16,8 +16,12 @@ from qaic_core.types import Binding, Specialization
 def program_specializations(
     qpc_dir: Path, bindings: list[Binding], allowed: list[list[tuple[int, list[int]]]]
 ) -> list[Specialization]:
-    """The program's specializations: from specializations.json, else read off the allowed shapes."""
-    for folder in (Path(qpc_dir), Path(qpc_dir).parent, program_dir(qpc_dir).parent):
+    """The program's specializations: from specializations.json, else read off the allowed shapes.
+
+    The file is looked for next to ``programqpc.bin`` and one folder up (the ``qpc-<hash>`` entry).
+    """
+    program = program_dir(qpc_dir)
+    for folder in (program, program.parent):
         path = folder / layout.SPECIALIZATIONS_FILE
         if path.is_file():
             return layout.read_specializations(path)
