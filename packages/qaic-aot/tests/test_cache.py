@@ -15,7 +15,7 @@ import pytest
 from qaic_aot import compile as aot_compile
 from qaic_aot import compile_model
 from qaic_core import qpc as layout
-from qaic_core.errors import QaicConfigError
+from qaic_core.errors import QaicConfigError, QaicError
 from qaic_core.settings import CompileSettings
 
 SETTINGS = CompileSettings(prefill_seq_len=8, ctx_len=64, full_batch_size=2, num_cores=1)
@@ -169,7 +169,7 @@ def test_two_processes_compiling_the_same_key(tiny_llama: Path, tmp_path: Path) 
 def test_failed_compile_leaves_no_entry(tiny_llama: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     bad = SETTINGS.replace(compiler_args=("-no-such-flag",))
-    with pytest.raises(Exception, match="no-such-flag"):
+    with pytest.raises(QaicError, match="no-such-flag"):
         compile_model(tiny_llama, bad, qeff_home=home, progress=False)
     export_root = next(p for p in (home / "LlamaForCausalLM").iterdir() if p.is_dir())
     assert not [p for p in export_root.iterdir() if p.is_dir()]
