@@ -123,6 +123,11 @@ def test_mxint8_and_mxfp6_on_the_command_line(tiny_model: Path) -> None:
         ({"additional_config": {"override_qaic_config": {"cores": 4}}}, {}, "unknown keys ['cores']"),
         ({"additional_config": {"override_qaic_config": {"mos": 0}}}, {}, "mos"),
         (
+            {"additional_config": {"override_qaic_config": {"mos": "two"}}},
+            {},
+            "mos='two' is not an integer: give a whole number",
+        ),
+        (
             {"additional_config": {"override_qaic_config": {"num_devices": 2, "device_group": [0, 1, 2]}}},
             {},
             "device_group",

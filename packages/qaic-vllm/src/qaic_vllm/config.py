@@ -82,7 +82,9 @@ def _int_setting(values: dict[str, Any], key: str, source: str) -> int | None:
         try:
             return int(str(value))
         except ValueError:
-            raise QaicConfigError(f"{source} {key}={value!r} is not an integer") from None
+            raise QaicConfigError(
+                f"{source} {key}={value!r} is not an integer: give a whole number"
+            ) from None
     return value
 
 
