@@ -41,14 +41,9 @@ def test_raw_loop_compiles_what_the_engine_compiles(
     shape: ServeShape, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from qaic_vllm.config import engine_settings
+    from qaic_vllm.envs import ENV_VARS
 
-    for name in (
-        "VLLM_QAIC_NUM_CORES",
-        "VLLM_QAIC_MOS",
-        "VLLM_QAIC_DFS_EN",
-        "VLLM_QAIC_COMPILER_ARGS",
-        "VLLM_QAIC_QPC_PATH",
-    ):
+    for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     engine = engine_settings(_vllm_config(shape, dtype))  # type: ignore[arg-type]
     assert compile_settings(shape, dtype) == engine.compile
