@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from qaic_vllm.bench.server import free_port, vllm_command
 
 
 class VllmServer:
@@ -28,8 +22,16 @@ class VllmServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        vllm = Path(sys.executable).parent / "vllm"
-        command = [str(vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        command = [
+            *vllm_command(),
+            "serve",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *args,
+        ]
         env = dict(os.environ)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         env.setdefault("QAIC_BACKEND", "sim")
@@ -69,6 +71,15 @@ class VllmServer:
             if line.startswith(name + "{") or line.startswith(name + " "):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def settled_metric(self, name: str, expected: float, timeout: float = 60.0) -> float:
+        """``metric(name)`` once it equals ``expected`` or ``timeout`` passed: the gauges update after a step."""
+        deadline = time.monotonic() + timeout
+        value = self.metric(name)
+        while value != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+            value = self.metric(name)
+        return value
 
     def stop(self) -> None:
         if self.proc.poll() is None:
