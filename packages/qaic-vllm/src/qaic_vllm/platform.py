@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_core.errors import QaicConfigError
 from qaic_vllm import envs
 from qaic_vllm.config import engine_settings
@@ -47,7 +48,7 @@ class QaicPlatform(Platform):
     device_name: str = "qaic"
     device_type: str = "cpu"
     dispatch_key: str = "PrivateUse1"
-    device_control_env_var: str = "QAIC_VISIBLE_DEVICES"
+    device_control_env_var: str = QAIC_VISIBLE_DEVICES
     dist_backend: str = "gloo"
     ray_device_key: str = ""
     simple_compile_backend: str = "eager"
