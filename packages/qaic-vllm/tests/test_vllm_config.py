@@ -89,6 +89,9 @@ def test_engine_args_map_to_compile_settings(tiny_model: Path, monkeypatch: pyte
     monkeypatch.setenv("VLLM_QAIC_DFS_EN", "1")
     s = engine_settings(engine_config(tiny_model)).compile
     assert (s.num_cores, s.aic_enable_depth_first) == (8, True)
+    words = {"override_qaic_config": {"mxint8": "false", "mxfp6": "yes"}}  # JSON strings, not truthiness
+    s = engine_settings(engine_config(tiny_model, kv_cache_dtype="fp8", additional_config=words)).compile
+    assert (s.mxint8, s.mxfp6) == (False, True)
 
 
 def test_mxint8_and_mxfp6_on_the_command_line(tiny_model: Path) -> None:
@@ -122,6 +125,11 @@ def test_mxint8_and_mxfp6_on_the_command_line(tiny_model: Path) -> None:
         ({"additional_config": {"override_qaic_config": {"num_cores": 99}}}, {}, "num_cores"),
         ({"additional_config": {"override_qaic_config": {"cores": 4}}}, {}, "unknown keys ['cores']"),
         ({"additional_config": {"override_qaic_config": {"mos": 0}}}, {}, "mos"),
+        (
+            {"additional_config": {"override_qaic_config": {"mxfp6": "maybe"}}},
+            {},
+            "mxfp6='maybe' is not a boolean",
+        ),
         (
             {"additional_config": {"override_qaic_config": {"mos": "two"}}},
             {},

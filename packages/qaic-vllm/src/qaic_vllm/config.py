@@ -88,6 +88,18 @@ def _int_setting(values: dict[str, Any], key: str, source: str) -> int | None:
     return value
 
 
+def _bool_setting(values: dict[str, Any], key: str, default: bool, source: str) -> bool:
+    value = values.get(key, default)
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in {"1", "true", "yes", "on"}:
+        return True
+    if word in {"0", "false", "no", "off"}:
+        return False
+    raise QaicConfigError(f"{source} {key}={value!r} is not a boolean: use true or false")
+
+
 def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
     """Build (and so validate) the compile settings the engine arguments describe."""
     model_config = vllm_config.model_config
@@ -138,9 +150,11 @@ def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
         "ctx_len": ctx_len,
         "batch_size": 1,
         "full_batch_size": full_batch_size,
-        "mxfp6": bool(values.get("mxfp6", quantization == "mxfp6")),
-        "mxint8": bool(values.get("mxint8", cache_dtype in MXINT8_CACHE_DTYPES)),
-        "aic_enable_depth_first": bool(values.get("aic_enable_depth_first", values.get("dfs", False))),
+        "mxfp6": _bool_setting(values, "mxfp6", quantization == "mxfp6", source),
+        "mxint8": _bool_setting(values, "mxint8", cache_dtype in MXINT8_CACHE_DTYPES, source),
+        "aic_enable_depth_first": _bool_setting(
+            values, "aic_enable_depth_first", _bool_setting(values, "dfs", False, source), source
+        ),
         "convert_to_fp16": DTYPES[dtype],
         "compiler_args": tuple(str(a) for a in compiler_args),
     }
