@@ -54,9 +54,12 @@ def compile_qpc(args: Sequence[str]) -> None:
     exe = compiler_path()
     if exe is None:
         raise QaicError("qaic-compile was not found: install the Cloud AI Apps SDK or set QAIC_SDK_ROOT")
-    result = subprocess.run([str(exe), *args], check=False)
+    result = subprocess.run([str(exe), *args], check=False, capture_output=True, text=True)
+    if result.stdout:
+        sys.stdout.write(result.stdout)
     if result.returncode != 0:
-        raise QaicError(f"{exe.name} failed with exit code {result.returncode}")
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-20:])
+        raise QaicError(f"{exe.name} failed with exit code {result.returncode}:\n{tail}")
 
 
 @hookimpl
