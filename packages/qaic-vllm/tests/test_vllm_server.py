@@ -29,7 +29,9 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--long-prefill-token-threshold", "16",
         "--dtype", "float32",
     ]  # fmt: skip
-    srv = VllmServer(tiny_model, args, log)
+    # Paced as a 0.5B model (about 20 ms per decode step), so a 400-token stream outlives the
+    # checks that watch it run: the tiny model alone could finish it before the first check.
+    srv = VllmServer(tiny_model, args, log, env={"QAIC_SIM_PACE_AS": "qwen2.5-0.5b"})
     yield srv
     srv.stop()
 

@@ -17,7 +17,13 @@ class VllmServer:
     """Starts ``vllm serve`` with its output in a log file; stops its whole process group."""
 
     def __init__(
-        self, model: Path, args: list[str], log_path: Path, *, startup_timeout: float = 600.0
+        self,
+        model: Path,
+        args: list[str],
+        log_path: Path,
+        *,
+        startup_timeout: float = 600.0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -32,7 +38,7 @@ class VllmServer:
             str(self.port),
             *args,
         ]
-        env = dict(os.environ)
+        env = dict(os.environ) | (env or {})
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         env.setdefault("QAIC_BACKEND", "sim")
         self._log = log_path.open("w")
