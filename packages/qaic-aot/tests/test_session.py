@@ -121,19 +121,20 @@ def test_deactivated_session_refuses_runs_until_activated(session: QAICInference
     np.testing.assert_array_equal(out["y"], _x(1))
 
 
-def test_plugin_registers_the_session_and_loader() -> None:
-    pm = get_plugin_manager()
-    assert pm.session_backends()["aot"].factory is QAICInferenceSession
-    loader = pm.model_loaders()["aot"]
-    assert {"LlamaForCausalLM", "GPT2LMHeadModel"} <= loader.architectures
+def test_plugin_registers_the_aot_execution_path() -> None:
+    from qaic_aot import plugin
+
+    path = get_plugin_manager().select_execution_path("aot")
+    assert path.package == "qaic-aot"
+    assert path.open is plugin.open_step_model
+    assert {"LlamaForCausalLM", "GPT2LMHeadModel"} <= path.architectures
 
 
 def test_the_plugin_loads_without_torch_or_onnx() -> None:
     code = (
         "import sys\n"
         "from qaic_aot import plugin\n"
-        "plugin.qaic_session_backends()\n"
-        "print(sorted(plugin.qaic_model_loaders()[0].architectures))\n"
+        "print(sorted(plugin.qaic_execution_paths()[0].architectures))\n"
         "print(sorted(m for m in ('torch', 'onnx', 'transformers') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

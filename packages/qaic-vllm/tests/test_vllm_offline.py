@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from qaic_core import get_plugin_manager, hookimpl
+from qaic_core.observe import Observer, StepRecord
+
 FULL_BATCH = 4
 CTX = 256
 CHUNK = 16
@@ -33,13 +36,32 @@ TEXTS = [
 ]
 
 
-def worker_of(llm: Any) -> Any:
-    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+class StepRecorder(Observer):
+    """Keeps every serving step the runner reports through the qaic_observers hook."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepRecord] = []
+
+    def step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+    @hookimpl
+    def qaic_observers(self) -> list[Observer]:
+        return [self]
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model: Path) -> Iterator[Any]:
-    """An in-process engine (no engine-core subprocess), so tests can look at the runner."""
+def steps() -> Iterator[StepRecorder]:
+    recorder = StepRecorder()
+    pm = get_plugin_manager()
+    pm.register(recorder, name="test-step-recorder")
+    yield recorder
+    pm.unregister(name="test-step-recorder")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
+    """An in-process engine (no engine-core subprocess) whose runner reports to ``steps``."""
     import vllm.envs
     from vllm import LLM
 
@@ -69,26 +91,25 @@ def as_prompts(ids: list[list[int]]) -> list[Any]:
 
 
 def test_greedy_matches_transformers_beyond_the_batch(
-    llm: Any, prompts: list[list[int]], hf_greedy: Callable[..., list[int]]
+    llm: Any, prompts: list[list[int]], hf_greedy: Callable[..., list[int]], steps: StepRecorder
 ) -> None:
     assert len(prompts) > FULL_BATCH and max(len(p) for p in prompts) > 2 * CHUNK
     outs = llm.generate(as_prompts(prompts), greedy(16))
     for prompt, out in zip(prompts, outs, strict=True):
         assert list(out.outputs[0].token_ids) == hf_greedy(prompt, 16)
-    assert worker_of(llm).runner.max_running_seen == FULL_BATCH
+    assert max(record.running for record in steps.steps) == FULL_BATCH
 
 
 def test_long_prefill_interleaves_with_decodes(
-    llm: Any, prompts: list[list[int]], hf_greedy: Callable[..., list[int]]
+    llm: Any, prompts: list[list[int]], hf_greedy: Callable[..., list[int]], steps: StepRecorder
 ) -> None:
-    runner = worker_of(llm).runner
     long_prompt = (prompts[1] * 4)[:150]
     batch = [prompts[0], prompts[2], prompts[4], long_prompt]
-    runner.step_log.clear()
+    steps.steps.clear()
     outs = llm.generate(as_prompts(batch), greedy(30))
     for prompt, out in zip(batch, outs, strict=True):
         assert list(out.outputs[0].token_ids) == hf_greedy(prompt, 30)
-    log = list(runner.step_log)
+    log = [(record.decode_rows, record.prefill_tokens) for record in steps.steps]
     assert max(prefill for _, prefill in log) <= CHUNK
     both = [step for step in log if step[0] > 0 and step[1] > 0]
     # The long prompt's ten chunks each ran beside the decodes of the three running streams.
@@ -165,11 +186,11 @@ def test_qpc_is_cached_and_prebuilt_qpc_is_checked(
 ) -> None:
     from vllm import LLM
 
-    qpc_dir = Path(worker_of(llm).qpc_dir)
+    qpc_dir = Path(worker_of(llm).step_model.qpc_dir)
     program = qpc_dir / "qpc" / "programqpc.bin"
     stamp = program.stat().st_mtime_ns
     again = LLM(model=str(tiny_model), **ENGINE_ARGS)
-    assert Path(worker_of(again).qpc_dir) == qpc_dir and program.stat().st_mtime_ns == stamp
+    assert Path(worker_of(again).step_model.qpc_dir) == qpc_dir and program.stat().st_mtime_ns == stamp
     del again
     gc.collect()
 

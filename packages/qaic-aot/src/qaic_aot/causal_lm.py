@@ -101,7 +101,7 @@ class CausalLM:
             )
 
     # -- prefill --------------------------------------------------------------------------
-    def _check_slot(self, slot: int) -> None:
+    def check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.full_batch_size:
             raise QaicConfigError(
                 f"KV slot {slot} is out of range: full_batch_size is {self.full_batch_size} (slots 0 to "
@@ -117,7 +117,7 @@ class CausalLM:
 
     def submit_prefill_chunk(self, slot: int, token_ids: Sequence[int], start_pos: int) -> LogitsHandle:
         """Start one chunk of at most ``prefill_seq_len`` tokens for ``slot``; wait() gives logits [vocab]."""
-        self._check_slot(slot)
+        self.check_slot(slot)
         n = len(token_ids)
         if n > self.prefill_seq_len:
             raise QaicConfigError(
@@ -163,7 +163,7 @@ class CausalLM:
         ids = np.zeros((fbs, 1), np.int64)
         pos = np.full((fbs, 1), PAD_POSITION, np.int64)
         for slot, (token, position) in rows.items():
-            self._check_slot(slot)
+            self.check_slot(slot)
             self._check_positions(position, f"the sequence in slot {slot}")
             ids[slot, 0] = token
             pos[slot, 0] = position
@@ -190,7 +190,7 @@ class CausalLM:
         pos = np.full((fbs, width), PAD_POSITION, np.int64)
         counts: dict[int, int] = {}
         for slot, (tokens, start) in rows.items():
-            self._check_slot(slot)
+            self.check_slot(slot)
             n = len(tokens)
             if not 1 <= n <= width:
                 raise QaicConfigError(

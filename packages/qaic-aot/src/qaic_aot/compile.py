@@ -28,7 +28,7 @@ COMPILE_INDEPENDENT = frozenset({"device_group"})
 """Settings that choose devices at load time and do not change the compiled program."""
 
 
-def select_compiler_backend(name: str | None) -> DeviceBackend:
+def select_compiler_backend(name: str | DeviceBackend | None) -> DeviceBackend:
     """The device backend whose compiler builds the program (``--backend`` / ``QAIC_BACKEND``)."""
     backend = get_plugin_manager().select_device_backend(name)
     if backend.compiler is None:
@@ -77,7 +77,7 @@ def compile_model(
     model_dir: Path | str,
     settings: CompileSettings,
     *,
-    backend: str | None = None,
+    backend: str | DeviceBackend | None = None,
     progress: bool = True,
     qeff_home: Path | None = None,
 ) -> Path:

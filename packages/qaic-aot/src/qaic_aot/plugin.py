@@ -1,34 +1,43 @@
-"""Registers the AOT session backend and model loader."""
+"""Registers the ``aot`` execution path: export, compile (cached) and run a QPC program."""
 
 from __future__ import annotations
 
-from qaic_aot.compile import compile_model
+from typing import TYPE_CHECKING
+
 from qaic_aot.export.families import SUPPORTED_ARCHITECTURES
-from qaic_aot.session import QAICInferenceSession
 from qaic_core import hookimpl
-from qaic_core.descriptors import ModelLoader, SessionBackend
+from qaic_core.descriptors import ExecutionPath
+from qaic_core.execution import OVERLAP, SPECULATIVE_VERIFY
+
+if TYPE_CHECKING:
+    from qaic_aot.step_model import AotStepModel
+    from qaic_core.execution import ExecutionConfig
+
+
+def open_step_model(config: ExecutionConfig) -> AotStepModel:
+    """Imported on use: loading the plugin stays free of torch and onnx."""
+    from qaic_aot import step_model
+
+    return step_model.open_step_model(config)
+
+
+def check(config: ExecutionConfig) -> None:
+    from qaic_aot import step_model
+
+    step_model.check(config)
 
 
 @hookimpl
-def qaic_session_backends() -> list[SessionBackend]:
+def qaic_execution_paths() -> list[ExecutionPath]:
     return [
-        SessionBackend(
-            name="aot",
-            package="qaic-aot",
-            factory=QAICInferenceSession,
-            description="QEfficient-style QAICInferenceSession over a compiled QPC",
-        )
-    ]
-
-
-@hookimpl
-def qaic_model_loaders() -> list[ModelLoader]:
-    return [
-        ModelLoader(
+        ExecutionPath(
             name="aot",
             package="qaic-aot",
             architectures=frozenset(SUPPORTED_ARCHITECTURES),
-            load=compile_model,
-            description="export to ONNX and compile to a cached QPC (returns the qpc directory)",
+            open=open_step_model,
+            check=check,
+            capabilities=frozenset({OVERLAP, SPECULATIVE_VERIFY}),
+            priority=10,
+            description="export to ONNX, compile to a cached QPC and run it (QEfficient's IO contract)",
         )
     ]

@@ -12,6 +12,7 @@ import numpy as np
 
 from qaic_aot.iodesc import check, program_dir, read_program_io, status_name
 from qaic_core import get_plugin_manager
+from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_core.types import Binding, Direction, QStatus
 
@@ -54,7 +55,7 @@ class QAICInferenceSession:
         enable_debug_logs: bool = False,
         data_path_timeout_ms: int = 60000,
         *,
-        backend: str | None = None,
+        backend: str | DeviceBackend | None = None,
         num_exec_objects: int = 2,
     ) -> None:
         if num_exec_objects < 1:

@@ -8,6 +8,7 @@ from qaic_aot import model_files
 from qaic_aot.iodesc import load_program_io, program_dir
 from qaic_core import get_plugin_manager
 from qaic_core import qpc as layout
+from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import CompileSettings
 from qaic_core.types import Binding, Specialization
@@ -38,7 +39,11 @@ def program_specializations(
 
 
 def validate_qpc(
-    qpc_dir: Path | str, model_dir: Path | str, settings: CompileSettings, *, backend: str | None = None
+    qpc_dir: Path | str,
+    model_dir: Path | str,
+    settings: CompileSettings,
+    *,
+    backend: str | DeviceBackend | None = None,
 ) -> None:
     """Raise ``QaicConfigError`` naming every way the program disagrees with the model or settings."""
     geometry = model_files.geometry(Path(model_dir))

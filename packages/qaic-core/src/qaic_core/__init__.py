@@ -10,12 +10,11 @@ PROJECT_NAME = "qaic"
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 """Marker for plugin implementations of the hooks in :mod:`qaic_core.hookspecs`."""
 
-from qaic_core import env, qpc, settings, types  # noqa: E402
+from qaic_core import env, execution, observe, qpc, settings, types  # noqa: E402
 from qaic_core.descriptors import (  # noqa: E402
     AttentionBackend,
     DeviceBackend,
-    ModelLoader,
-    SessionBackend,
+    ExecutionPath,
 )
 from qaic_core.errors import (  # noqa: E402
     QaicBackendNotFoundError,
@@ -23,24 +22,32 @@ from qaic_core.errors import (  # noqa: E402
     QaicError,
     QaicPluginError,
 )
-from qaic_core.manager import QaicPluginManager, get_plugin_manager  # noqa: E402
+from qaic_core.manager import (  # noqa: E402
+    QaicPluginManager,
+    get_plugin_manager,
+    new_plugin_manager,
+    reset_plugin_manager,
+)
 
 __all__ = [
     "PROJECT_NAME",
     "AttentionBackend",
     "DeviceBackend",
-    "ModelLoader",
+    "ExecutionPath",
     "QaicBackendNotFoundError",
     "QaicConfigError",
     "QaicError",
     "QaicPluginError",
     "QaicPluginManager",
-    "SessionBackend",
     "__version__",
     "env",
+    "execution",
     "get_plugin_manager",
     "hookimpl",
+    "new_plugin_manager",
+    "observe",
     "qpc",
+    "reset_plugin_manager",
     "settings",
     "types",
 ]

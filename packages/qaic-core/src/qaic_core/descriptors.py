@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qaic_core.execution import ExecutionConfig, PagedStepModel, StepModel
 
 
 @dataclass(frozen=True)
@@ -30,18 +33,12 @@ class DeviceBackend:
 
 
 @dataclass(frozen=True)
-class SessionBackend:
-    """A factory of sessions over a compiled program directory."""
-
-    name: str
-    package: str
-    factory: Callable[..., Any]
-    description: str = ""
-
-
-@dataclass(frozen=True)
 class AttentionBackend:
-    """An attention implementation for the eager path, given as a dotted class path."""
+    """An attention implementation for the eager path, given as a dotted class path.
+
+    The vLLM platform returns ``class_path`` from its attention-backend selection when the
+    execution path in use names this backend (``ExecutionPath.attention_backend``).
+    """
 
     name: str
     package: str
@@ -50,13 +47,26 @@ class AttentionBackend:
 
 
 @dataclass(frozen=True)
-class ModelLoader:
-    """Loads models of the listed Hugging Face architectures for one execution path."""
+class ExecutionPath:
+    """A way to run a model on Cloud AI: ``aot`` (a compiled program) or ``pyt`` (eager PyTorch).
+
+    ``open(config)`` returns a :class:`qaic_core.execution.StepModel` (or, for a path whose
+    ``capabilities`` include ``paged_kv``, a :class:`qaic_core.execution.PagedStepModel`) on the
+    device group of ``config.settings``; it may compile, load weights and take minutes, logging
+    its progress. ``check(config)`` runs the checks that need no device (a prebuilt program's
+    shapes, options the path lacks) so the platform can fail at configuration time.
+    ``architectures`` lists the Hugging Face architecture names the path runs.
+    """
 
     name: str
     package: str
     architectures: frozenset[str]
-    load: Callable[..., Any]
+    open: Callable[[ExecutionConfig], StepModel | PagedStepModel]
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    check: Callable[[ExecutionConfig], None] | None = None
+    attention_backend: str | None = None
+    is_available: Callable[[], bool] = lambda: True
+    priority: int = 0
     description: str = ""
 
 

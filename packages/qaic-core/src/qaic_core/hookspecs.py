@@ -1,7 +1,7 @@
 # mypy: disable-error-code="empty-body"
 """Hook specifications of the qaic plugin system.
 
-Every hook returns a sequence of small frozen descriptors (see :mod:`qaic_core.descriptors`).
+Most hooks return a sequence of small frozen descriptors (see :mod:`qaic_core.descriptors`).
 Descriptors are selected by name, never by the order in which plugins were registered.
 """
 
@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import pluggy
 
-from qaic_core.descriptors import AttentionBackend, DeviceBackend, ModelLoader, SessionBackend
+from qaic_core.descriptors import AttentionBackend, DeviceBackend, ExecutionPath
+from qaic_core.observe import Observer
 
 hookspec = pluggy.HookspecMarker("qaic")
 
@@ -27,11 +28,11 @@ def qaic_device_backends() -> Sequence[DeviceBackend]:
 
 
 @hookspec
-def qaic_session_backends() -> Sequence[SessionBackend]:
-    """Return session factories: callables that open a session over a compiled program (QPC).
+def qaic_execution_paths() -> Sequence[ExecutionPath]:
+    """Return execution paths: named ways to open a step model (``aot``, ``pyt``).
 
-    A session follows :class:`qaic_core.session.QaicSession` (QEfficient's
-    ``QAICInferenceSession`` surface).
+    A serving runner selects a path by name and drives the step model it opens through the
+    Protocols in :mod:`qaic_core.execution`; it never imports the package behind the path.
     """
 
 
@@ -41,5 +42,5 @@ def qaic_attention_backends() -> Sequence[AttentionBackend]:
 
 
 @hookspec
-def qaic_model_loaders() -> Sequence[ModelLoader]:
-    """Return model loaders: each names the architectures it supports and how to load them."""
+def qaic_observers() -> Sequence[Observer]:
+    """Return observers of device runs and serving steps (benchmarks, tests, profilers)."""

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import logging
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import pluggy
 
 from qaic_core import env, hookspecs
-from qaic_core.descriptors import AttentionBackend, DeviceBackend, ModelLoader, SessionBackend
+from qaic_core.descriptors import AttentionBackend, DeviceBackend, ExecutionPath
 from qaic_core.errors import QaicBackendNotFoundError, QaicPluginError
+from qaic_core.observe import Observer, Observers
 
 log = logging.getLogger("qaic.plugins")
 
@@ -23,7 +25,10 @@ KNOWN_BACKENDS: dict[str, str] = {
 }
 """Where each backend this project knows of comes from, for 'not installed' messages."""
 
-D = TypeVar("D", DeviceBackend, SessionBackend, AttentionBackend, ModelLoader)
+EXECUTION_PATH_PACKAGES: dict[str, str] = {"aot": "qaic-aot", "pyt": "qaic-pyt"}
+"""Which distribution provides each execution path this project knows of."""
+
+D = TypeVar("D", DeviceBackend, ExecutionPath, AttentionBackend)
 
 
 class QaicPluginManager(pluggy.PluginManager):
@@ -91,22 +96,51 @@ class QaicPluginManager(pluggy.PluginManager):
         """Every registered device backend by name, available or not."""
         return self._collect("qaic_device_backends")
 
-    def session_backends(self) -> dict[str, SessionBackend]:
-        return self._collect("qaic_session_backends")
+    def execution_paths(self) -> dict[str, ExecutionPath]:
+        """Every registered execution path by name."""
+        return self._collect("qaic_execution_paths")
 
     def attention_backends(self) -> dict[str, AttentionBackend]:
         return self._collect("qaic_attention_backends")
 
-    def model_loaders(self) -> dict[str, ModelLoader]:
-        return self._collect("qaic_model_loaders")
+    def observers(self) -> Observers:
+        """Every registered observer behind one (empty, and false, when there is none)."""
+        found: list[Observer] = []
+        for items in self.hook.qaic_observers():
+            found.extend(items or ())
+        return Observers(found)
+
+    def select_execution_path(self, name: str) -> ExecutionPath:
+        """The execution path called ``name``; an unknown or unavailable one names the installed paths."""
+        paths = self.execution_paths()
+        installed = ", ".join(sorted(paths)) or "none"
+        if name not in paths:
+            hint = EXECUTION_PATH_PACKAGES.get(name)
+            raise QaicBackendNotFoundError(
+                f"unknown qaic execution path {name!r}; installed paths: {installed}"
+                + (f"; to get it: pip install {hint}" if hint else "")
+            )
+        path = paths[name]
+        if not _safe_call(path.is_available, f"execution path {name!r}"):
+            raise QaicBackendNotFoundError(
+                f"qaic execution path {name!r} ({path.package}) is installed but cannot run here: "
+                f"{path.description or 'its requirements are missing'}; installed paths: {installed}"
+            )
+        return path
 
     def available_device_backends(self) -> list[DeviceBackend]:
         """Available backends, best first (priority, then name for a stable order)."""
         backends = [b for b in self.device_backends().values() if _safe_available(b)]
         return sorted(backends, key=lambda b: (-b.priority, b.name))
 
-    def select_device_backend(self, name: str | None = None) -> DeviceBackend:
-        """The backend named by ``name``, else ``QAIC_BACKEND``, else the best available one."""
+    def select_device_backend(self, name: str | DeviceBackend | None = None) -> DeviceBackend:
+        """The backend named by ``name``, else ``QAIC_BACKEND``, else the best available one.
+
+        A descriptor already selected is returned as it is, so a selection travels between
+        packages as the descriptor and is never made twice.
+        """
+        if isinstance(name, DeviceBackend):
+            return name
         wanted = name or env.requested_backend()
         backends = self.device_backends()
         if wanted is None:
@@ -138,10 +172,14 @@ def _version(dist: str) -> str:
 
 
 def _safe_available(backend: DeviceBackend) -> bool:
+    return _safe_call(backend.is_available, f"backend {backend.name!r}")
+
+
+def _safe_call(is_available: Callable[[], bool], what: str) -> bool:
     try:
-        return bool(backend.is_available())
+        return bool(is_available())
     except Exception as exc:
-        log.warning("qaic backend %r availability check failed: %s", backend.name, exc)
+        log.warning("qaic %s availability check failed: %s", what, exc)
         return False
 
 
@@ -157,10 +195,36 @@ def _install_hint(backends: dict[str, Any]) -> str:
     return text
 
 
-def get_plugin_manager(*, strict: bool | None = None, entry_points: bool = True) -> QaicPluginManager:
+_PROCESS_MANAGER: QaicPluginManager | None = None
+_PROCESS_LOCK = threading.Lock()
+
+
+def new_plugin_manager(*, strict: bool | None = None, entry_points: bool = True) -> QaicPluginManager:
     """A fresh manager with the built-in backend and (by default) every installed plugin."""
     pm = QaicPluginManager(strict=strict)
     pm.load_builtin()
     if entry_points:
         pm.load_entry_points()
     return pm
+
+
+def get_plugin_manager(*, strict: bool | None = None, entry_points: bool = True) -> QaicPluginManager:
+    """The process's manager, built on first use and then shared by every package.
+
+    Giving ``strict`` or ``entry_points=False`` asks for a manager unlike the shared one, so a
+    fresh one is built and not kept (tests use this; see also :func:`reset_plugin_manager`).
+    """
+    global _PROCESS_MANAGER
+    if strict is not None or not entry_points:
+        return new_plugin_manager(strict=strict, entry_points=entry_points)
+    with _PROCESS_LOCK:
+        if _PROCESS_MANAGER is None:
+            _PROCESS_MANAGER = new_plugin_manager()
+        return _PROCESS_MANAGER
+
+
+def reset_plugin_manager(pm: QaicPluginManager | None = None) -> None:
+    """Forget the shared manager (the next :func:`get_plugin_manager` builds one), or install ``pm``."""
+    global _PROCESS_MANAGER
+    with _PROCESS_LOCK:
+        _PROCESS_MANAGER = pm

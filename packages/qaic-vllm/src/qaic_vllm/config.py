@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("qaic.vllm")
 
 DEFAULT_PREFILL_SEQ_LEN = 128
+DEFAULT_EXECUTION_PATH = "aot"
 OVERRIDE_KEY = "override_qaic_config"
 OVERRIDE_KEYS = frozenset(
     {
@@ -45,6 +46,13 @@ class EngineSettings:
     compile: CompileSettings
     qpc_path: Path | None
     dtype: str
+    execution_path: str = "aot"
+    """The qaic-core execution path that opens the model (``aot``: a compiled program)."""
+
+
+def execution_path_of(vllm_config: VllmConfig) -> str:
+    """The qaic-core execution path that serves this engine; ``aot`` is the only one so far."""
+    return DEFAULT_EXECUTION_PATH
 
 
 def prefill_seq_len_of(long_prefill_token_threshold: int | None, max_model_len: int) -> int:
@@ -181,4 +189,16 @@ def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
         raise QaicConfigError(
             f"qpc_path {qpc_path} does not exist: fix {source} qpc_path / VLLM_QAIC_QPC_PATH or unset it to compile"
         )
-    return EngineSettings(compile=settings, qpc_path=qpc_path, dtype=dtype)
+    return EngineSettings(
+        compile=settings, qpc_path=qpc_path, dtype=dtype, execution_path=execution_path_of(vllm_config)
+    )
+
+
+def model_dir_of(model: str) -> Path:
+    """A local model directory; hub names resolve only from the local cache (the card host is offline)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, local_files_only=True))

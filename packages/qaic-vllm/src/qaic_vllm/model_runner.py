@@ -1,29 +1,34 @@
-"""The AOT model runner: vLLM's scheduler diff in, one static-shape program step out.
+"""The slot model runner: vLLM's scheduler diff in, one static-shape step of a step model out.
 
-State persists per request (keyed by req_id) as in vLLM's V2 runners. Each request owns KV slot
-``block_id - 1`` (one block of ``max_model_len`` tokens per sequence). A step runs all decoding
-requests as ONE full-batch decode (unused rows get position -1) and at most one prefill chunk;
-the two are submitted on separate exec objects so they are in flight together.
+The runner is typed against qaic-core's :class:`~qaic_core.execution.StepModel` and never knows
+which execution path opened it. State persists per request (keyed by req_id) as in vLLM's V2
+runners. Each request owns KV slot ``block_id - 1`` (one block of ``max_model_len`` tokens per
+sequence). A step runs all decoding requests as ONE full-batch decode (unused rows get position
+-1) and its prefill chunks; when the model claims ``overlap`` the decode is in flight while the
+chunks run.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 
+from qaic_core import get_plugin_manager
+from qaic_core.execution import OVERLAP, Pending, StepModel
+from qaic_core.observe import StepRecord
 from qaic_vllm.sampling import HostSampler
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+    from vllm.v1.core.sched.output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
 
 log = logging.getLogger("qaic.vllm.runner")
 
@@ -49,30 +54,31 @@ class StepPlan:
     sample_reqs: list[str] = field(default_factory=list)
 
 
-class AotModelRunner:
-    """Drives a ``qaic_aot.CausalLM`` from SchedulerOutputs and samples on the host."""
+class SlotModelRunner:
+    """Drives a slot-layout :class:`StepModel` from SchedulerOutputs and samples on the host."""
 
-    def __init__(self, vllm_config: VllmConfig, lm: Any) -> None:
+    def __init__(self, vllm_config: VllmConfig, model: StepModel) -> None:
         self.vllm_config = vllm_config
-        self.lm = lm
-        self.full_batch_size = int(lm.full_batch_size)
-        self.prefill_seq_len = int(lm.prefill_seq_len)
-        self.ctx_len = int(lm.ctx_len)
-        self.vocab_size = int(lm.vocab_size)
+        self.model = model
+        shape = model.shape
+        self.full_batch_size = shape.num_slots
+        self.prefill_seq_len = shape.prefill_seq_len
+        self.ctx_len = shape.ctx_len
+        self.vocab_size = shape.vocab_size
+        self.overlap = OVERLAP in model.capabilities
         self.requests: dict[str, RequestState] = {}
         self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
-        self.max_running_seen = 0
+        self.observers = get_plugin_manager().observers()
         self._pending: tuple[list[str], StepPlan, dict[str, np.ndarray]] | None = None
-        self.step_log: deque[tuple[int, int]] = deque(maxlen=100_000)
-        """Per device step: (decode rows run, prefill tokens run); read by tests and benchmarks."""
 
     # -- request bookkeeping ----------------------------------------------------------------
     def _remove(self, req_id: str) -> None:
         state = self.requests.pop(req_id, None)
         if state is not None:
             self.sampler.remove_request(state.slot)
+            self.model.release_slot(state.slot)
 
-    def _add_new(self, new_reqs: list[Any]) -> None:
+    def _add_new(self, new_reqs: list[NewRequestData]) -> None:
         for new in new_reqs:
             self._remove(new.req_id)
             block_ids = new.block_ids[0] if new.block_ids else []
@@ -96,7 +102,7 @@ class AotModelRunner:
             if new.sampling_params is not None:
                 self.sampler.add_request(slot, prompt_len, tokens, new.sampling_params)
 
-    def _update_cached(self, cached: Any) -> None:
+    def _update_cached(self, cached: CachedRequestData) -> None:
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests.get(req_id)
             if state is None:
@@ -142,15 +148,14 @@ class AotModelRunner:
     def run(self, plan: StepPlan) -> dict[str, np.ndarray]:
         """Run the step on the device; returns the logits row of each request that samples."""
         logits: dict[str, np.ndarray] = {}
-        decode_handle = None
+        decode_handle: Pending[dict[int, np.ndarray]] | None = None
         if plan.decode:
-            submit = getattr(self.lm, "submit_decode", None)
-            decode_handle = submit(plan.decode) if submit is not None and plan.prefill else None
-            if decode_handle is None:
-                rows = self.lm.decode(plan.decode)
-                self._take_decode(plan, rows, logits)
+            decode_handle = self.model.submit_decode(plan.decode)
+            if not (self.overlap and plan.prefill):
+                self._take_decode(plan, decode_handle.wait(), logits)
+                decode_handle = None
         for req_id, tokens, start in plan.prefill:
-            row = self.lm.prefill_chunk(self.requests[req_id].slot, tokens, start)
+            row = self.model.submit_prefill_chunk(self.requests[req_id].slot, tokens, start).wait()
             if row is not None:
                 logits[req_id] = np.asarray(row)
         if decode_handle is not None:
@@ -165,14 +170,24 @@ class AotModelRunner:
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         """Run the step; None when structured output needs the grammar first (then ``sample_tokens``)."""
+        if not self.observers:
+            return self._execute(so)
+        start = time.perf_counter()
+        try:
+            return self._execute(so)
+        finally:
+            self.observers.phase("runner", time.perf_counter() - start)
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         self.update_states(so)
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput(req_ids=[])
-        self.max_running_seen = max(self.max_running_seen, len(self.requests))
         plan = self.plan(so)
-        self.step_log.append((len(plan.decode), sum(len(tokens) for _, tokens, _ in plan.prefill)))
         logits = self.run(plan)
+        if self.observers:
+            prefill_tokens = sum(len(tokens) for _, tokens, _ in plan.prefill)
+            self.observers.step(StepRecord(len(plan.decode), prefill_tokens, len(self.requests)))
         for req_id, n in so.num_scheduled_tokens.items():
             self.requests[req_id].num_computed += int(n)
         if so.has_structured_output_requests:
@@ -195,7 +210,12 @@ class AotModelRunner:
         logits: dict[str, np.ndarray],
         grammar: GrammarOutput | None,
     ) -> ModelRunnerOutput:
-        sampled = self._sample(plan, logits, grammar)
+        if self.observers:
+            start = time.perf_counter()
+            sampled = self._sample(plan, logits, grammar)
+            self.observers.phase("sampling", time.perf_counter() - start)
+        else:
+            sampled = self._sample(plan, logits, grammar)
         index = {r: i for i, r in enumerate(req_ids)}
         tokens: list[list[int]] = [[] for _ in req_ids]
         for req_id, token in sampled[0].items():

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from qaic_core import get_plugin_manager
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_core.errors import QaicConfigError
+from qaic_core.execution import ExecutionConfig
 from qaic_vllm import envs
-from qaic_vllm.config import engine_settings
+from qaic_vllm.config import engine_settings, execution_path_of
 from qaic_vllm.quantization import register_mxfp6
 from qaic_vllm.torch_device import neutralise_accelerator
 
@@ -129,8 +132,20 @@ class QaicPlatform(Platform):
             return
         from qaic_vllm.validation import validate_model
 
-        validate_model(vllm_config)
+        pm = get_plugin_manager()
+        path = pm.select_execution_path(execution_path_of(vllm_config))
+        validate_model(vllm_config, path)
         settings = engine_settings(vllm_config)
+        if path.check is not None:
+            path.check(
+                ExecutionConfig(
+                    model_dir=Path(model_config.model),
+                    settings=settings.compile,
+                    device=pm.select_device_backend(),
+                    qpc_path=settings.qpc_path,
+                    dtype=settings.dtype,
+                )
+            )
         prefill = settings.compile.prefill_seq_len
         full_batch = settings.compile.decode_batch_size
 

@@ -9,34 +9,29 @@ from qaic_core.errors import QaicConfigError
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-
-def supported_architectures() -> dict[str, str]:
-    """The exporter's architecture table (HF class name -> family)."""
-    from qaic_aot.export import SUPPORTED_ARCHITECTURES
-
-    return dict(SUPPORTED_ARCHITECTURES)
+    from qaic_core.descriptors import ExecutionPath
 
 
-def validate_model(vllm_config: VllmConfig) -> None:
-    """Reject models and engine options the AOT path cannot serve; each message names the fix."""
+def validate_model(vllm_config: VllmConfig, path: ExecutionPath) -> None:
+    """Reject models and engine options the execution path cannot serve; each message names the fix."""
     model_config = vllm_config.model_config
     assert model_config is not None
     if model_config.runner_type != "generate":
         raise QaicConfigError(
-            f"--runner {model_config.runner_type} is not supported on the qaic AOT path: "
+            f"--runner {model_config.runner_type} is not supported on the qaic {path.name} path: "
             "only text generation (--runner generate) is served"
         )
     if model_config.use_mla:
         raise QaicConfigError("MLA attention models (DeepSeek V2/V3 style) are not supported on Cloud AI")
     archs = list(getattr(model_config.hf_config, "architectures", None) or model_config.architectures or [])
-    supported = supported_architectures()
+    supported = path.architectures
     if not archs or not any(a in supported for a in archs):
         raise QaicConfigError(
-            f"model architecture {archs or 'unknown'} is not supported on Cloud AI (AOT path); "
+            f"model architecture {archs or 'unknown'} is not supported on Cloud AI ({path.name} path); "
             f"supported: {', '.join(sorted(supported))}"
         )
     if getattr(model_config, "is_multimodal_model", False):
-        raise QaicConfigError("multimodal models are not supported on the qaic AOT path yet")
+        raise QaicConfigError(f"multimodal models are not supported on the qaic {path.name} path yet")
     max_pos = getattr(model_config.hf_text_config, "max_position_embeddings", None) or getattr(
         model_config.hf_text_config, "n_positions", None
     )
@@ -54,10 +49,12 @@ def validate_model(vllm_config: VllmConfig) -> None:
         )
     if vllm_config.speculative_config is not None:
         raise QaicConfigError(
-            "speculative decoding is not supported on the qaic AOT path yet: drop --speculative-config"
+            f"speculative decoding is not supported on the qaic {path.name} path yet: drop --speculative-config"
         )
     if vllm_config.lora_config is not None:
-        raise QaicConfigError("LoRA adapters are not supported on the qaic AOT path yet: drop --enable-lora")
+        raise QaicConfigError(
+            f"LoRA adapters are not supported on the qaic {path.name} path yet: drop --enable-lora"
+        )
 
 
 def validate_sampling(params: Any) -> None:

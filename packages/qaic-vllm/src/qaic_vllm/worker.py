@@ -1,10 +1,9 @@
-"""The vLLM worker for Cloud AI: compiles (or reuses) the QPC at start-up and runs the AOT runner."""
+"""The vLLM worker for Cloud AI: opens a step model through the selected execution path and runs it."""
 
 from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,24 +12,18 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
-from qaic_vllm.config import EngineSettings, engine_settings
+from qaic_core import get_plugin_manager
+from qaic_core.descriptors import DeviceBackend, ExecutionPath
+from qaic_core.errors import QaicConfigError
+from qaic_core.execution import ExecutionConfig, StepModel
+from qaic_vllm.config import EngineSettings, engine_settings, model_dir_of
 from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
-from qaic_vllm.model_runner import AotModelRunner
+from qaic_vllm.model_runner import SlotModelRunner
 from qaic_vllm.platform import configure_logging
 from qaic_vllm.profiling import IterationTracer
 from qaic_vllm.torch_device import name_device_type, neutralise_accelerator
 
 log = logging.getLogger("qaic.vllm.worker")
-
-
-def model_dir_of(model: str) -> Path:
-    """A local model directory; hub names resolve only from the local cache (the card host is offline)."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(model, local_files_only=True))
 
 
 class QaicWorker(WorkerBase):
@@ -48,17 +41,16 @@ class QaicWorker(WorkerBase):
         configure_logging()
         neutralise_accelerator()
         self.settings: EngineSettings = engine_settings(vllm_config)
-        self.runner: AotModelRunner | None = None
-        self.backend: Any = None
-        self.qpc_dir: Path | None = None
+        self.runner: SlotModelRunner | None = None
+        self.step_model: StepModel | None = None
+        self.backend: DeviceBackend | None = None
+        self.path: ExecutionPath | None = None
         self.compile_seconds = 0.0
         self.tracer: IterationTracer | None = None
 
     # -- start-up -----------------------------------------------------------------------------
     def init_device(self) -> None:
         from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-
-        from qaic_core import get_plugin_manager
 
         self.device = torch.device("cpu")
         threads = max_cpu_threads()
@@ -74,44 +66,42 @@ class QaicWorker(WorkerBase):
             backend="gloo",
         )
         ensure_model_parallel_initialized(1, 1)
-        self.backend = get_plugin_manager().select_device_backend()
-        log.info("qaic: device backend %r (%s)", self.backend.name, self.backend.package)
+        pm = get_plugin_manager()
+        self.backend = pm.select_device_backend()
+        self.path = pm.select_execution_path(self.settings.execution_path)
+        log.info(
+            "qaic: device backend %r (%s), execution path %r (%s)",
+            self.backend.name,
+            self.backend.package,
+            self.path.name,
+            self.path.package,
+        )
         profiler = getattr(self.vllm_config, "profiler_config", None)
         self.tracer = IterationTracer(self.backend, str(getattr(profiler, "torch_profiler_dir", "") or ""))
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
-        """Compile the model for the engine's shapes (cached), or check and use a prebuilt QPC."""
-        import qaic_aot
-
-        model_dir = model_dir_of(self.model_config.model)
-        settings = self.settings.compile
-        start = time.perf_counter()
-        if self.settings.qpc_path is not None:
-            qpc_dir = self.settings.qpc_path
-            log.info("qaic: checking the prebuilt QPC %s against %s", qpc_dir, model_dir)
-            qaic_aot.validate_qpc(qpc_dir, model_dir, settings)
-        else:
-            log.info(
-                "qaic: compiling %s for full_batch_size=%d ctx_len=%d prefill_seq_len=%d (cached after the first time)",
-                model_dir,
-                settings.decode_batch_size,
-                settings.ctx_len,
-                settings.prefill_seq_len,
-            )
-            qpc_dir = Path(
-                qaic_aot.compile_model(model_dir, settings, backend=self.backend.name, progress=True)
-            )
-        self.compile_seconds = time.perf_counter() - start
-        self.qpc_dir = qpc_dir
-        program_dir = qpc_dir / "qpc" if (qpc_dir / "qpc" / "programqpc.bin").exists() else qpc_dir
-        log.info("qaic: QPC ready in %.1fs: %s", self.compile_seconds, program_dir)
-        session = qaic_aot.QAICInferenceSession(
-            program_dir,
-            device_ids=list(settings.device_group) if settings.device_group else None,
-            backend=self.backend.name,
+        """Open the step model: for ``aot``, compile for the engine's shapes (cached) or check a prebuilt QPC."""
+        assert self.backend is not None and self.path is not None, "init_device() must run first"
+        config = ExecutionConfig(
+            model_dir=model_dir_of(self.model_config.model),
+            settings=self.settings.compile,
+            device=self.backend,
+            qpc_path=self.settings.qpc_path,
+            dtype=self.settings.dtype,
+            progress=True,
         )
-        lm = qaic_aot.CausalLM(session, settings)
-        self.runner = AotModelRunner(self.vllm_config, lm)
+        start = time.perf_counter()
+        model = self.path.open(config)
+        self.compile_seconds = time.perf_counter() - start
+        if not isinstance(model, StepModel):
+            model.close()
+            raise QaicConfigError(
+                f"execution path {self.path.name!r} opened a paged-KV model, which this worker does not serve "
+                "yet: choose the aot execution path"
+            )
+        log.info("qaic: %s model ready in %.1fs", self.path.name, self.compile_seconds)
+        self.step_model = model
+        self.runner = SlotModelRunner(self.vllm_config, model)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """One tiny stand-in layer: the real KV lives on the device; vLLM only counts slots."""
@@ -146,7 +136,9 @@ class QaicWorker(WorkerBase):
         return ("generate",)
 
     def get_model(self) -> Any:
-        raise NotImplementedError("the AOT path runs a compiled program; there is no torch model")
+        raise NotImplementedError(
+            f"the {self.settings.execution_path} execution path runs a compiled program; there is no torch model"
+        )
 
     # -- per step --------------------------------------------------------------------------------
     def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput | None:
@@ -193,8 +185,7 @@ class QaicWorker(WorkerBase):
     def shutdown(self) -> None:
         if self.tracer is not None:
             self.tracer.stop()
-        if self.runner is not None:
-            session = getattr(self.runner.lm, "session", None)
-            if session is not None and getattr(session, "is_active", False):
-                session.deactivate()  # frees the NSP cores for the next program
+        if self.step_model is not None:
+            self.step_model.close()  # frees the NSP cores for the next program
+        self.step_model = None
         self.runner = None

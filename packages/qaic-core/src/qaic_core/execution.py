@@ -1,0 +1,211 @@
+"""The step model: what a serving runner drives, whatever the execution path behind it.
+
+An execution path (``aot``: a compiled program; ``pyt``: model classes run eagerly) opens a
+:class:`StepModel` for an :class:`ExecutionConfig`. A runner (the vLLM worker's, or any other)
+is typed against these Protocols only, so it never imports the package that implements a path.
+
+Two KV layouts exist:
+
+- **slots** (``aot``): each sequence owns one KV slot of ``ctx_len`` positions on the device;
+  a step is at most one prefill chunk per call plus one full-batch decode.
+- **paged** (``pyt``, capability ``paged_kv``): the KV lives in blocks as vLLM lays them out;
+  a step is one flattened batch with block tables (:class:`PagedStepModel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from qaic_core.settings import CompileSettings
+
+if TYPE_CHECKING:
+    from qaic_core.descriptors import DeviceBackend
+
+T_co = TypeVar("T_co", covariant=True)
+
+OVERLAP = "overlap"
+"""A decode and a prefill chunk may be in flight together (separate exec objects)."""
+SPECULATIVE_VERIFY = "speculative_verify"
+"""``submit_decode_tokens`` takes up to ``decode_seq_len`` tokens per row and returns a logit row each."""
+SLOT_KV_TRANSFER = "slot_kv_transfer"
+"""``read_slot_kv`` / ``write_slot_kv`` move one sequence's KV between host and device."""
+PAGED_KV = "paged_kv"
+"""The model keeps its KV in vLLM's paged block layout (:class:`PagedStepModel`)."""
+PREFIX_CACHING = "prefix_caching"
+"""Blocks computed for one request can be reused by another with the same prefix."""
+
+STEP_CAPABILITIES = frozenset({OVERLAP, SPECULATIVE_VERIFY, SLOT_KV_TRANSFER, PAGED_KV, PREFIX_CACHING})
+"""Capability names a step model may claim; a runner checks them instead of probing attributes."""
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """What an execution path needs to open a step model on a device group.
+
+    ``settings`` gives the shapes (``full_batch_size`` slots, ``ctx_len``, ``prefill_seq_len``,
+    ``device_group``) whichever path runs them; ``options`` carries what only one path reads
+    (for the eager path, the serving framework's own configuration object).
+    """
+
+    model_dir: Path
+    settings: CompileSettings
+    device: DeviceBackend
+    qpc_path: Path | None = None
+    dtype: str = "float32"
+    progress: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The static shape a step model runs: what the serving runner must plan around."""
+
+    num_slots: int
+    """KV slots (``full_batch_size``); a decode runs all of them at once."""
+    prefill_seq_len: int
+    """Most tokens of one prefill chunk."""
+    ctx_len: int
+    """Positions each slot holds."""
+    vocab_size: int
+    """Width of a logits row."""
+    decode_seq_len: int = 1
+    """Tokens per row of a decode (``num_speculative_tokens + 1`` for speculative verification)."""
+
+
+@dataclass(frozen=True)
+class SlotKV:
+    """One sequence's KV cache on the host, as read from (or written to) its slot.
+
+    ``tensors`` maps the program's KV input names (``past_key.0``, ``past_value.0``, ...) to
+    arrays of shape ``[1, num_kv_heads, num_tokens, head_dim]``; ``dtype`` names the device's
+    storage format (``float32``, ``float16`` or ``mxint8``) so a receiver can refuse a mismatch.
+    """
+
+    num_tokens: int
+    tensors: Mapping[str, np.ndarray]
+    dtype: str
+
+
+class Pending(Protocol[T_co]):
+    """Work in flight on the device; ``wait()`` blocks and returns its result."""
+
+    def wait(self) -> T_co: ...
+
+
+@runtime_checkable
+class StepModel(Protocol):
+    """A model on a device group that a serving runner steps (slot KV layout).
+
+    Rows of a decode map ``slot -> (token_id, position)``; logits come back as numpy rows of
+    ``vocab_size`` (or wider: a runner slices to the vocabulary it samples from).
+    """
+
+    @property
+    def shape(self) -> StepShape: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+    def submit_prefill_chunk(
+        self, slot: int, token_ids: Sequence[int], start_pos: int
+    ) -> Pending[np.ndarray | None]:
+        """Start one chunk of at most ``prefill_seq_len`` tokens; the last token's logits (None if empty)."""
+        ...
+
+    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[dict[int, np.ndarray]]:
+        """Start one full-batch decode of one token per listed slot; slot -> logits row."""
+        ...
+
+    def submit_decode_tokens(
+        self, rows: Mapping[int, tuple[Sequence[int], int]]
+    ) -> Pending[dict[int, np.ndarray]]:
+        """Start a decode of up to ``decode_seq_len`` tokens per slot (``SPECULATIVE_VERIFY``).
+
+        ``rows`` maps slot -> (token ids, position of the first); the result maps slot -> logits
+        ``[len(token_ids), vocab]``, one row per token.
+        """
+        ...
+
+    def release_slot(self, slot: int) -> None:
+        """The sequence in ``slot`` finished or was preempted; its KV may be overwritten."""
+        ...
+
+    def read_slot_kv(self, slot: int, num_tokens: int) -> SlotKV:
+        """Copy the first ``num_tokens`` positions of a slot's KV to the host (``SLOT_KV_TRANSFER``)."""
+        ...
+
+    def write_slot_kv(self, slot: int, kv: SlotKV) -> None:
+        """Place KV read elsewhere into ``slot`` so decoding continues without a prefill."""
+        ...
+
+    def close(self) -> None:
+        """Release the device (deactivate programs, free memory)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PagedKVSpec:
+    """The paged KV cache a ``PAGED_KV`` model wants, for the serving framework to allocate."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """One step of a ``PAGED_KV`` model: prefill chunks and decodes flattened into one batch.
+
+    ``query_lens[i]`` tokens of sequence ``i`` run at ``positions``; its KV goes to the blocks in
+    ``block_tables[i]``; ``seq_lens[i]`` counts its tokens after the step. Logits come back for
+    the flattened rows listed in ``logits_indices``.
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    query_lens: Sequence[int]
+    seq_lens: Sequence[int]
+    block_tables: Sequence[Sequence[int]]
+    logits_indices: Sequence[int]
+
+
+@runtime_checkable
+class PagedStepModel(Protocol):
+    """A model whose KV lives in paged blocks; a step is one :class:`PagedBatch`."""
+
+    @property
+    def shape(self) -> StepShape: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+    @property
+    def kv_spec(self) -> PagedKVSpec: ...
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` KV blocks on the device (after the framework sized the cache)."""
+        ...
+
+    def submit_batch(self, batch: PagedBatch) -> Pending[np.ndarray]:
+        """Run one step; logits ``[len(logits_indices), vocab]``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_capabilities(claimed: frozenset[str], who: str) -> None:
+    """Refuse capability names that are not in :data:`STEP_CAPABILITIES` (a plugin's typo)."""
+    unknown = sorted(claimed - STEP_CAPABILITIES)
+    if unknown:
+        from qaic_core.errors import QaicPluginError
+
+        raise QaicPluginError(
+            f"{who} claims unknown step capabilities {unknown}; known: {', '.join(sorted(STEP_CAPABILITIES))}"
+        )

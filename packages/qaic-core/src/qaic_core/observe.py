@@ -1,0 +1,67 @@
+"""Observers: how tools (benchmarks, tests, profilers) see sessions and serving steps.
+
+An observer subclasses :class:`Observer` and overrides what it needs; every method is a no-op
+by default. It is registered through the ``qaic_observers`` hook, for example by registering a
+small plugin object with the process's plugin manager, so nothing it measures has to be patched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One serving step as the runner ran it."""
+
+    decode_rows: int
+    """Sequences decoded in the step's decode run (0 when no decode ran)."""
+    prefill_tokens: int
+    """Prompt tokens computed by the step's prefill chunks."""
+    running: int
+    """Requests the runner held when the step began."""
+
+
+class Observer:
+    """Receives timings of device runs and serving steps; override the methods you need."""
+
+    def run_submitted(self, inputs: Mapping[str, np.ndarray], exec_index: int, seconds: float) -> None:
+        """A run was handed to the device; ``seconds`` spent in the hand-over."""
+
+    def run_waited(self, exec_index: int, seconds: float) -> None:
+        """A caller waited ``seconds`` for a run to finish (and its outputs to be read)."""
+
+    def phase(self, name: str, seconds: float) -> None:
+        """A named part of a serving step (``schedule``, ``runner``, ``sampling``) took ``seconds``."""
+
+    def step(self, record: StepRecord) -> None:
+        """A serving step finished."""
+
+
+class Observers(Observer):
+    """Several observers behind one; what the stack calls so callers need no loop or None check."""
+
+    def __init__(self, observers: Sequence[Observer] = ()) -> None:
+        self.observers = tuple(observers)
+
+    def __bool__(self) -> bool:
+        return bool(self.observers)
+
+    def run_submitted(self, inputs: Mapping[str, np.ndarray], exec_index: int, seconds: float) -> None:
+        for observer in self.observers:
+            observer.run_submitted(inputs, exec_index, seconds)
+
+    def run_waited(self, exec_index: int, seconds: float) -> None:
+        for observer in self.observers:
+            observer.run_waited(exec_index, seconds)
+
+    def phase(self, name: str, seconds: float) -> None:
+        for observer in self.observers:
+            observer.phase(name, seconds)
+
+    def step(self, record: StepRecord) -> None:
+        for observer in self.observers:
+            observer.step(record)
