@@ -36,6 +36,10 @@ TEXTS = [
 ]
 
 
+def worker_of(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+
+
 class StepRecorder(Observer):
     """Keeps every serving step the runner reports through the qaic_observers hook."""
 
