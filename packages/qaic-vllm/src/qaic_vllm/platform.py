@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from qaic_core import get_plugin_manager
+from qaic_core.descriptors import AttentionBackend, ExecutionPath
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig
@@ -41,7 +43,21 @@ def configure_logging() -> None:
 WORKER_CLS = "qaic_vllm.worker.QaicWorker"
 SCHEDULER_CLS = "qaic_vllm.scheduler.QaicScheduler"
 ATTN_BACKEND_CLS = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
-"""vLLM asks for an attention backend path; the AOT runner never builds vLLM attention layers."""
+"""vLLM asks for an attention backend path; the slot runner never builds vLLM attention layers."""
+
+
+def attention_backend_class(path: ExecutionPath, backends: Mapping[str, AttentionBackend]) -> str:
+    """The class path of the attention backend ``path`` runs with; paths without one get the placeholder."""
+    if path.attention_backend is None:
+        return ATTN_BACKEND_CLS
+    backend = backends.get(path.attention_backend)
+    if backend is None:
+        raise QaicConfigError(
+            f"execution path {path.name!r} ({path.package}) runs with attention backend "
+            f"{path.attention_backend!r}, which no installed qaic plugin provides (installed: "
+            f"{', '.join(sorted(backends)) or 'none'}): reinstall {path.package}"
+        )
+    return backend.class_path
 
 
 class QaicPlatform(Platform):
@@ -98,7 +114,19 @@ class QaicPlatform(Platform):
     def get_attn_backend_cls(
         cls, selected_backend: Any, attn_selector_config: Any, num_heads: Any = None
     ) -> str:
-        return ATTN_BACKEND_CLS
+        """The attention backend the execution path names (qaic_attention_backends), else a placeholder."""
+        from vllm.config import get_current_vllm_config
+
+        pm = get_plugin_manager()
+        path = pm.select_execution_path(execution_path_of(get_current_vllm_config()))
+        return attention_backend_class(path, pm.attention_backends())
+
+    @classmethod
+    def is_aot_inference(cls) -> bool:
+        """Whether the engine runs compiled programs (vllm-qaic's name); False on the eager path."""
+        from vllm.config import get_current_vllm_config
+
+        return execution_path_of(get_current_vllm_config()) == "aot"
 
     @classmethod
     def update_block_size_for_backend(cls, vllm_config: VllmConfig) -> None:
