@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from qaic_aot.export.families import SUPPORTED_ARCHITECTURES
 from qaic_core import hookimpl
 from qaic_core.descriptors import ExecutionPath
-from qaic_core.execution import OVERLAP, SPECULATIVE_VERIFY
+from qaic_core.execution import OVERLAP, SLOT_KV_TRANSFER, SPECULATIVE_VERIFY
 
 if TYPE_CHECKING:
     from qaic_aot.step_model import AotStepModel
@@ -36,7 +36,7 @@ def qaic_execution_paths() -> list[ExecutionPath]:
             architectures=frozenset(SUPPORTED_ARCHITECTURES),
             open=open_step_model,
             check=check,
-            capabilities=frozenset({OVERLAP, SPECULATIVE_VERIFY}),
+            capabilities=frozenset({OVERLAP, SPECULATIVE_VERIFY, SLOT_KV_TRANSFER}),
             priority=10,
             description="export to ONNX, compile to a cached QPC and run it (QEfficient's IO contract)",
         )

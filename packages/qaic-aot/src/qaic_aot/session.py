@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ class QAICInferenceSession:
         self._exec: list[Any] = []
         self._busy = [threading.Lock() for _ in range(num_exec_objects)]
         self._buffers: dict[str, np.ndarray] = {}
+        self._slicing_handles: dict[str, Any] = {}
         self.is_active = False
         if activate:
             self.activate()
@@ -190,6 +191,71 @@ class QAICInferenceSession:
             self._busy[exec_index].release()
             raise
         return RunHandle(self, exec_index, dims)
+
+    def run_with_slices(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        slices: Mapping[str, np.ndarray],
+        spec_json: str,
+        params: Sequence[tuple[str, int]],
+        exec_index: int = 0,
+    ) -> dict[str, np.ndarray]:
+        """Run once where ``slices`` are regions of the retained state (the runtime's slice path).
+
+        ``spec_json`` is a ``createSlicingSpecHandle`` spec whose names match the sliced bindings;
+        ``params`` give its named start offsets. An input slice is written into the device's state
+        before the run; an output slice (a ``_RetainedState`` binding) is filled from the state after
+        it, in place. Returns the outputs that were not skipped.
+        """
+        if not self.is_active:
+            raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
+        for name in slices:
+            if name not in self._index:
+                raise QaicConfigError(
+                    f"slice {name!r} is not a binding of this program; bindings: {self._names()}"
+                )
+        handle = self._slicing_handles.get(spec_json)
+        if handle is None:
+            status, handle = self.program.createSlicingSpecHandle(spec_json)
+            check(status, "Program.createSlicingSpecHandle")
+            self._slicing_handles[spec_json] = handle
+        plain = {k: v for k, v in inputs.items() if k not in slices}
+        for name in slices:
+            if self._bindings[self._index[name]].dir == Direction.IN:
+                plain.setdefault(name, np.zeros((0,), self._bindings[self._index[name]].dtype))
+        arrays = self._arrays_for(plain)
+        pairs: list[tuple[int, np.ndarray]] = []
+        for binding, arr in zip(self._bindings, arrays, strict=True):
+            sliced = slices.get(binding.name)
+            pairs.append(
+                (binding.index, np.ascontiguousarray(sliced, binding.dtype) if sliced is not None else arr)
+            )
+        if not self._busy[exec_index].acquire(blocking=False):
+            raise QaicRuntimeError(
+                f"exec object {exec_index} already has a run in flight: wait() for it first",
+                status=QStatus.BUSY,
+            )
+        try:
+            exe = self._exec[exec_index]
+            status, _ = exe.setDataWithSlices(pairs, handle, list(params))
+            check(status, "ExecObj.setDataWithSlices")
+            check(self._queues[exec_index].enqueue(exe), "Queue.enqueue")
+            status = exe.waitForCompletion()
+            if int(status) != QStatus.SUCCESS:
+                raise QaicRuntimeError(
+                    f"sliced run failed with status {status_name(status)} ({int(status)})", status=int(status)
+                )
+        finally:
+            self._busy[exec_index].release()
+        for binding, arr in pairs:
+            name = self._bindings[binding].name
+            if name in slices and self._bindings[binding].dir == Direction.OUT:
+                np.copyto(slices[name], arr, casting="unsafe")
+        return {
+            b.name: arr
+            for b, (_, arr) in zip(self._bindings, pairs, strict=True)
+            if b.dir == Direction.OUT and arr.size and b.name not in slices
+        }
 
     def _complete(self, exec_index: int, dims: list[tuple[int, list[int]]]) -> dict[str, np.ndarray]:
         try:
