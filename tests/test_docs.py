@@ -21,7 +21,14 @@ def test_every_hook_is_documented() -> None:
 
 def test_core_environment_variables_are_documented() -> None:
     text = (DOCS / "configuration.md").read_text()
-    for var in (env.QAIC_BACKEND, env.QAIC_STRICT_PLUGINS, env.QAIC_VISIBLE_DEVICES, env.QEFF_HOME):
+    core = (
+        env.QAIC_BACKEND,
+        env.QAIC_STRICT_PLUGINS,
+        env.QAIC_TRACE_PLUGINS,
+        env.QAIC_VISIBLE_DEVICES,
+        env.QEFF_HOME,
+    )
+    for var in core:
         assert f"`{var}`" in text, var
 
 

@@ -10,6 +10,7 @@ from qaic_core.errors import QaicConfigError
 
 QAIC_BACKEND = "QAIC_BACKEND"
 QAIC_STRICT_PLUGINS = "QAIC_STRICT_PLUGINS"
+QAIC_TRACE_PLUGINS = "QAIC_TRACE_PLUGINS"
 QAIC_VISIBLE_DEVICES = "QAIC_VISIBLE_DEVICES"
 QEFF_HOME = "QEFF_HOME"
 
@@ -34,6 +35,11 @@ def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None
 def strict_plugins(environ: Mapping[str, str] | None = None) -> bool:
     """Whether a plugin that fails to load is fatal (``QAIC_STRICT_PLUGINS=1``)."""
     return env_flag(QAIC_STRICT_PLUGINS, False, environ)
+
+
+def trace_plugins(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether pluggy traces every hook call to the ``qaic.plugins`` log (``QAIC_TRACE_PLUGINS=1``)."""
+    return env_flag(QAIC_TRACE_PLUGINS, False, environ)
 
 
 def requested_backend(environ: Mapping[str, str] | None = None) -> str | None:

@@ -6,6 +6,7 @@ import importlib.metadata as md
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
 from typing import Any, TypeVar
 
 import pluggy
@@ -29,23 +30,73 @@ EXECUTION_PATH_PACKAGES: dict[str, str] = {"aot": "qaic-aot", "pyt": "qaic-pyt"}
 """Which distribution provides each execution path this project knows of."""
 
 D = TypeVar("D", DeviceBackend, ExecutionPath, AttentionBackend)
+T = TypeVar("T")
+
+_SKIPPED = "skipped; the other plugins keep working"
 
 
 class QaicPluginManager(pluggy.PluginManager):
-    """pluggy manager for the ``qaic`` project with typed, name-keyed lookups."""
+    """pluggy manager for the ``qaic`` project with typed, name-keyed lookups.
 
-    def __init__(self, *, strict: bool | None = None) -> None:
+    Every problem with one plugin (it fails to load, implements a hook that does not exist, takes
+    a name already registered, or its hook raises or returns garbage) is logged with the plugin's
+    distribution and version, recorded in :attr:`load_errors` and that plugin skipped; with
+    ``strict`` (``QAIC_STRICT_PLUGINS=1``) it raises :class:`QaicPluginError` instead.
+    """
+
+    def __init__(self, *, strict: bool | None = None, trace: bool | None = None) -> None:
         super().__init__("qaic")
         self.add_hookspecs(hookspecs)
         self.strict = env.strict_plugins() if strict is None else strict
         self._providers: dict[str, str] = {}
+        self._entry_points: dict[str, tuple[str, str]] = {}
+        self._reported: set[tuple[str, str]] = set()
         self.load_errors: dict[str, str] = {}
+        """Every problem met, by plugin name (several are joined by newlines), for tools to show."""
+        if env.trace_plugins() if trace is None else trace:
+            self.trace.root.setwriter(_trace_to_log)
+            self.enable_tracing()
 
     # -- registration -------------------------------------------------------------------
-    def register_plugin(self, plugin: object, name: str, provider: str) -> None:
-        """Register ``plugin`` under ``name``; ``provider`` names its distribution for errors."""
-        self.register(plugin, name=name)
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """pluggy's register, then a check for unknown hooks, so a misspelt hook drops only its plugin."""
+        plugin_name = name or self.get_canonical_name(plugin)
+        try:
+            registered = super().register(plugin, name)
+        except pluggy.PluginValidationError as exc:  # a hook whose arguments differ from its spec
+            self._fail(plugin_name, "register", f"{self._whom(plugin_name, plugin)} is invalid: {exc}", exc)
+            return None
+        if registered is None:
+            return None
+        unknown = self._unknown_hooks(plugin)
+        if unknown:
+            self.unregister(plugin)
+            known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("qaic_")))
+            self._fail(
+                registered,
+                "register",
+                f"{self._whom(registered, plugin)} implements unknown hook(s) {', '.join(unknown)} "
+                f"(a misspelt name? the hooks are {known})",
+            )
+            return None
+        return registered
+
+    def register_plugin(self, plugin: object, name: str, provider: str) -> str | None:
+        """Register ``plugin`` under ``name``; ``provider`` (distribution and version) names it in errors.
+
+        Returns the name, or None when the plugin was rejected (see :meth:`register`).
+        """
+        if self.has_plugin(name):
+            raise ValueError(f"qaic plugin name {name!r} is already registered by {self._provider(name)}")
         self._providers[name] = provider
+        try:
+            registered = self.register(plugin, name=name)
+        except BaseException:
+            self._providers.pop(name, None)
+            raise
+        if registered is None:
+            self._providers.pop(name, None)
+        return registered
 
     def load_builtin(self) -> None:
         """Register the backends that ship inside qaic-core (the real ``qaicrt`` backend)."""
@@ -61,27 +112,98 @@ class QaicPluginManager(pluggy.PluginManager):
             dist = getattr(ep, "dist", None)
             provider = f"{dist.name} {dist.version}" if dist is not None else f"entry point {ep.value}"
             if self.has_plugin(ep.name):
+                if self._entry_points.get(ep.name) == (provider, ep.value):
+                    continue  # the same entry point, loaded again
+                self._fail(
+                    ep.name,
+                    f"duplicate {provider} {ep.value}",
+                    f"qaic plugin {ep.name!r} from {provider} ({ep.value}): the name {ep.name!r} is "
+                    f"already registered by {self._provider(ep.name)}; uninstall or rename one of them",
+                )
                 continue
             try:
                 plugin = ep.load()
-                self.register_plugin(plugin, ep.name, provider)
             except Exception as exc:
                 message = (
                     f"qaic plugin {ep.name!r} from {provider} failed to load: {type(exc).__name__}: {exc}"
                 )
-                self.load_errors[ep.name] = message
-                if self.strict:
-                    raise QaicPluginError(message + f" ({env.QAIC_STRICT_PLUGINS} is set)") from exc
-                log.error("%s; the other plugins keep working", message)
-        self.check_pending()
+                self._fail(ep.name, "load", message, exc)
+                continue
+            if self.register_plugin(plugin, ep.name, provider) is not None:
+                self._entry_points[ep.name] = (provider, ep.value)
+
+    # -- problems -----------------------------------------------------------------------
+    def _provider(self, name: str, plugin: object = None) -> str:
+        """Distribution and version of plugin ``name``, as registered or found from its module."""
+        if name in self._providers:
+            return self._providers[name]
+        plugin = self.get_plugin(name) if plugin is None else plugin
+        return _provider_of(plugin) if plugin is not None else "an unknown distribution"
+
+    def _whom(self, name: str, plugin: object = None) -> str:
+        return f"qaic plugin {name!r} from {self._provider(name, plugin)}"
+
+    def _fail(self, name: str, key: str, message: str, exc: BaseException | None = None) -> None:
+        """Record a problem of plugin ``name``; raise when strict, else log it once per ``key``."""
+        recorded = self.load_errors.get(name)
+        if recorded is None:
+            self.load_errors[name] = message
+        elif message not in recorded.split("\n"):
+            self.load_errors[name] = f"{recorded}\n{message}"
+        if self.strict:
+            raise QaicPluginError(f"{message} ({env.QAIC_STRICT_PLUGINS} is set)") from exc
+        if (name, key) not in self._reported:
+            self._reported.add((name, key))
+            log.error("%s; %s", message, _SKIPPED)
+
+    def _unknown_hooks(self, plugin: object) -> list[str]:
+        """Hooks ``plugin`` implements that have no spec (pluggy's ``check_pending`` rule)."""
+        return sorted(
+            caller.name
+            for caller in self.get_hookcallers(plugin) or ()
+            if not caller.has_spec()
+            and any(i.plugin is plugin and not i.optionalhook for i in caller.get_hookimpls())
+        )
 
     # -- lookups ------------------------------------------------------------------------
-    def _collect(self, hook_name: str) -> dict[str, D]:
-        found: dict[str, tuple[D, str]] = {}
-        caller = getattr(self.hook, hook_name)
+    def _call_each(self, hook_name: str, kind: type[T], named: bool) -> list[tuple[str, list[T]]]:
+        """Call ``hook_name`` through pluggy once per plugin, the others left out, checking each result.
+
+        A plugin whose hook raises or returns anything but a sequence of ``kind`` (with a non-empty
+        ``name`` when ``named``) is reported and left out; the rest are returned by plugin name.
+        """
+        caller: pluggy.HookCaller = getattr(self.hook, hook_name)
+        plugins: dict[str, object] = {}
         for impl in caller.get_hookimpls():
-            provider = self._providers.get(impl.plugin_name, impl.plugin_name)
-            items: Sequence[D] = impl.function() or ()
+            if not (impl.wrapper or impl.hookwrapper):
+                plugins.setdefault(impl.plugin_name, impl.plugin)
+        found: list[tuple[str, list[T]]] = []
+        for name, plugin in plugins.items():
+            self.trace(hook_name, "on plugin", name)
+            alone = self.subset_hook_caller(hook_name, [p for p in plugins.values() if p is not plugin])
+            try:
+                results = alone()
+            except Exception as exc:
+                message = f"{self._whom(name)}: hook {hook_name} raised {type(exc).__name__}: {exc}"
+                self._fail(name, hook_name, message, exc)
+                continue
+            items: list[T] = []
+            problem = None
+            for result in results:
+                problem = _invalid(result, kind, named)
+                if problem is not None:
+                    break
+                items.extend(result)
+            if problem is not None:
+                self._fail(name, hook_name, f"{self._whom(name)}: hook {hook_name} returned {problem}")
+                continue
+            found.append((name, items))
+        return found
+
+    def _collect(self, hook_name: str, kind: type[D]) -> dict[str, D]:
+        found: dict[str, tuple[D, str]] = {}
+        for plugin_name, items in self._call_each(hook_name, kind, named=True):
+            provider = self._provider(plugin_name)
             for item in items:
                 if item.name in found:
                     other = found[item.name][1]
@@ -94,20 +216,21 @@ class QaicPluginManager(pluggy.PluginManager):
 
     def device_backends(self) -> dict[str, DeviceBackend]:
         """Every registered device backend by name, available or not."""
-        return self._collect("qaic_device_backends")
+        return self._collect("qaic_device_backends", DeviceBackend)
 
     def execution_paths(self) -> dict[str, ExecutionPath]:
         """Every registered execution path by name."""
-        return self._collect("qaic_execution_paths")
+        return self._collect("qaic_execution_paths", ExecutionPath)
 
     def attention_backends(self) -> dict[str, AttentionBackend]:
-        return self._collect("qaic_attention_backends")
+        """Every registered attention backend of the eager path by name."""
+        return self._collect("qaic_attention_backends", AttentionBackend)
 
     def observers(self) -> Observers:
         """Every registered observer behind one (empty, and false, when there is none)."""
         found: list[Observer] = []
-        for items in self.hook.qaic_observers():
-            found.extend(items or ())
+        for _name, items in self._call_each("qaic_observers", Observer, named=False):
+            found.extend(items)
         return Observers(found)
 
     def select_execution_path(self, name: str) -> ExecutionPath:
@@ -162,6 +285,38 @@ class QaicPluginManager(pluggy.PluginManager):
                 f"({backend.description or backend.package}); " + _install_hint(backends)
             )
         return backend
+
+
+def _invalid(result: object, kind: type, named: bool) -> str | None:
+    """Why one hook result is not a sequence of ``kind`` (named ones when ``named``); None when it is."""
+    if isinstance(result, str | bytes) or not isinstance(result, Sequence):
+        return f"{_short(result)}, not a list of {kind.__name__}"
+    for item in result:
+        if not isinstance(item, kind):
+            return f"{_short(item)} in its list, not a {kind.__name__}"
+        name = getattr(item, "name", None)
+        if named and not (isinstance(name, str) and name.strip()):
+            return f"a {kind.__name__} without a name ({name!r})"
+    return None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
+
+
+def _trace_to_log(text: str) -> None:
+    """pluggy's trace writer: each line of a hook trace goes to the ``qaic.plugins`` log at DEBUG."""
+    for line in text.splitlines():
+        if line.strip():
+            log.debug("trace %s", line.rstrip())
+
+
+def _provider_of(plugin: object) -> str:
+    """``DIST VERSION`` of the distribution holding ``plugin``'s module, else the module's name."""
+    module = plugin.__name__ if isinstance(plugin, ModuleType) else type(plugin).__module__
+    dists = md.packages_distributions().get(module.split(".")[0], [])
+    return f"{dists[0]} {_version(dists[0])}" if dists else f"module {module}"
 
 
 def _version(dist: str) -> str:
