@@ -126,7 +126,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(site: Path, args: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"PYTHONPATH": str(site), "QAIC_STRICT_PLUGINS": "1"} | extra
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = os.environ | {"PYTHONPATH": path, "QAIC_STRICT_PLUGINS": "1"} | extra
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, env=env, cwd=site, timeout=240
     )
