@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import subprocess
@@ -11,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qaic_aot.cli import main
+from qaic_aot.cli import build_parser, main, settings_from_args
+from qaic_core.settings import SETTINGS, CompileSettings
 
 FLAGS = ["--ctx-len", "64", "--prefill-seq-len", "8", "--full-batch-size", "2", "--num-cores", "1", "--fp32"]
 PROMPTS = ["Hello world!", "Once upon a time there was a small decoder that predicted"]
@@ -90,4 +93,40 @@ def test_errors_name_the_problem(
     err = capsys.readouterr().err
     assert err.startswith("qaic-aot: error: ") and message in err
     # Nothing was exported or compiled for a refused command.
+    assert not (tmp_path / "home").exists()
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+def test_every_compile_setting_is_a_flag_described_by_the_settings_table() -> None:
+    for command in ("compile", "generate"):
+        actions = {opt: a for a in _subparser(command)._actions for opt in a.option_strings}
+        for name, spec in SETTINGS.items():
+            if spec.flag is None:
+                assert not spec.override, name  # only a setting vLLM fixes itself may lack a flag
+                continue
+            action = actions[spec.flag]
+            assert action.dest == name and action.help is not None
+            assert action.help.startswith(spec.help) and action.default == spec.default
+            if spec.off_flag:
+                assert actions[spec.off_flag].dest == name
+    assert settings_from_args(build_parser().parse_args(["compile", "m"])) == CompileSettings()
+    out = io.StringIO()
+    _subparser("compile").print_help(out)
+    shown = " ".join(out.getvalue().split())
+    for flag, default in (("--ctx-len", 128), ("--prefill-seq-len", 32), ("--num-cores", 16)):
+        assert flag in shown and f"(default {default})" in shown
+
+
+def test_bad_values_on_the_command_line_read_like_other_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QEFF_HOME", str(tmp_path / "home"))
+    assert main(["compile", str(tmp_path), "--mos", "two"]) == 2
+    assert "qaic-aot: error: --mos='two' is not an integer: give a whole number" in capsys.readouterr().err
+    assert main(["compile", str(tmp_path), "--device-group", "0,a", "--num-devices", "2"]) == 2
+    assert "--device-group '0,a' is not a list of device ids" in capsys.readouterr().err
     assert not (tmp_path / "home").exists()

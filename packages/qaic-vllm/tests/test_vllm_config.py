@@ -217,3 +217,47 @@ def test_mla_models_are_rejected(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="MLA"):
         engine_config(model)
+
+
+def test_override_keys_are_the_settings_tables() -> None:
+    from qaic_core.settings import SETTINGS
+    from qaic_vllm.config import OVERRIDE_KEYS
+
+    overridable = {key for spec in SETTINGS.values() if spec.override for key in spec.keys}
+    assert overridable | {"qpc_path"} == OVERRIDE_KEYS
+    assert {"mxfp6_matmul", "mxint8_kv_cache", "dfs", "aic_num_cores"} <= OVERRIDE_KEYS
+    # What an engine argument decides is not an override.
+    assert not {"ctx_len", "full_batch_size", "prefill_seq_len", "convert_to_fp16"} & OVERRIDE_KEYS
+
+
+def test_vendor_aliases_and_words_in_overrides(tiny_model: Path) -> None:
+    from qaic_vllm.config import engine_settings
+
+    vendor = {"aic_num_cores": "4", "mxfp6_matmul": "on", "dfs": "yes", "mxint8_kv_cache": False}
+    cfg = engine_config(tiny_model, kv_cache_dtype="fp8", additional_config={"override_qaic_config": vendor})
+    s = engine_settings(cfg).compile
+    assert (s.num_cores, s.mxfp6, s.aic_enable_depth_first, s.mxint8) == (4, True, True, False)
+    with pytest.raises((QaicConfigError, ValueError), match=r"unknown keys \['ctx_len'\]") as info:
+        engine_config(tiny_model, additional_config={"override_qaic_config": {"ctx_len": 64}})
+    assert "ctx_len with --max-model-len" in str(info.value)
+
+
+def test_a_bad_value_reads_the_same_from_a_variable_and_an_override(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failure(env: dict[str, str], override: dict[str, Any]) -> str:
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            with pytest.raises((QaicConfigError, ValueError)) as info:
+                engine_config(tiny_model, additional_config={"override_qaic_config": override})
+        return str(info.value)
+
+    words = "='maybe' is not a boolean: use 1/0, true/false, yes/no or on/off"
+    assert f"VLLM_QAIC_DFS_EN{words}" in failure({"VLLM_QAIC_DFS_EN": "maybe"}, {})
+    assert f"--additional-config override_qaic_config dfs{words}" in failure({}, {"dfs": "maybe"})
+    number = "='two' is not an integer: give a whole number"
+    assert f"VLLM_QAIC_MOS{number}" in failure({"VLLM_QAIC_MOS": "two"}, {})
+    assert f"--additional-config override_qaic_config aic_num_cores{number}" in failure(
+        {}, {"aic_num_cores": "two"}
+    )

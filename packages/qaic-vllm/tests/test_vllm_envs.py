@@ -37,3 +37,17 @@ def test_dfs_flag_parses_like_every_other_boolean_variable() -> None:
     assert envs.overrides_from_env({"VLLM_QAIC_DFS_EN": "0"})["aic_enable_depth_first"] is False
     with pytest.raises(QaicConfigError, match="VLLM_QAIC_DFS_EN='maybe' is not a boolean"):
         envs.overrides_from_env({"VLLM_QAIC_DFS_EN": "maybe"})
+
+
+def test_compile_variables_are_parsed_and_described_by_the_settings_table() -> None:
+    from qaic_core.settings import SETTINGS
+
+    for var, name in envs.ENV_SETTINGS.items():
+        assert SETTINGS[name].override, name
+        assert envs.ENV_VARS[var].startswith(SETTINGS[name].help)
+    parsed = envs.overrides_from_env(
+        {"VLLM_QAIC_NUM_CORES": " 8 ", "VLLM_QAIC_COMPILER_ARGS": "-a '-b c'", "VLLM_QAIC_QPC_PATH": "/q"}
+    )
+    assert parsed == {"num_cores": 8, "compiler_args": ("-a", "-b c"), "qpc_path": "/q"}
+    with pytest.raises(QaicConfigError, match="VLLM_QAIC_MOS='two' is not an integer: give a whole number"):
+        envs.overrides_from_env({"VLLM_QAIC_MOS": "two"})

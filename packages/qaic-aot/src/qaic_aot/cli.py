@@ -5,19 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from qaic_core.errors import QaicError
-from qaic_core.settings import CompileSettings
+from qaic_core.settings import SETTINGS, CompileSettings, SettingSpec
 
 log = logging.getLogger("qaic.aot.cli")
-
-DEFAULTS = CompileSettings()
-"""Flag defaults are the settings' own defaults, so the CLI and the Python API agree."""
 
 
 def _compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -28,50 +23,8 @@ def _compile_flags(parser: argparse.ArgumentParser) -> None:
         "-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)"
     )
     g = parser.add_argument_group("compile settings")
-    g.add_argument(
-        "--ctx-len",
-        type=int,
-        default=DEFAULTS.ctx_len,
-        help="context length (KV positions per sequence; default %(default)s)",
-    )
-    g.add_argument(
-        "--prefill-seq-len",
-        type=int,
-        default=DEFAULTS.prefill_seq_len,
-        help="tokens per prefill chunk (default %(default)s)",
-    )
-    g.add_argument(
-        "--full-batch-size", type=int, default=None, help="KV slots for continuous batching (decode batch)"
-    )
-    g.add_argument(
-        "--num-cores",
-        type=int,
-        default=DEFAULTS.num_cores,
-        help="NSP cores per device (1-16, default %(default)s)",
-    )
-    g.add_argument(
-        "--num-devices",
-        type=int,
-        default=DEFAULTS.num_devices,
-        help="devices (SoCs) to tensor-slice the model over",
-    )
-    g.add_argument("--device-group", default=None, help="device ids to run on, comma separated, e.g. 0,1")
-    g.add_argument("--mxfp6", action="store_true", help="compress matmul weights to mxfp6 (-mxfp6-matmul)")
-    g.add_argument("--mxint8", action="store_true", help="keep the KV cache in mxint8 (custom_io.yaml)")
-    prec = g.add_mutually_exclusive_group()
-    prec.add_argument(
-        "--fp16", dest="fp16", action="store_true", default=True, help="compute in fp16 (default)"
-    )
-    prec.add_argument("--fp32", dest="fp16", action="store_false", help="keep fp32 (no -convert-to-fp16)")
-    g.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=None,
-        help="K: add a decode of K+1 tokens (draft verification)",
-    )
-    g.add_argument("--mos", type=int, default=None, help="compiler -mos value")
-    g.add_argument("--aic-enable-depth-first", action="store_true", help="compiler -aic-enable-depth-first")
-    g.add_argument("--compiler-args", default="", help="extra qaic-compile flags, as one quoted string")
+    for spec in SETTINGS.values():
+        _setting_flag(g, spec)
     g.add_argument(
         "--backend", default=None, help="device backend (default: QAIC_BACKEND or the best available)"
     )
@@ -79,26 +32,30 @@ def _compile_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _setting_flag(group: argparse._ArgumentGroup, spec: SettingSpec) -> None:
+    """One setting's flag(s), help and default from qaic_core.settings, so the CLI and the API agree."""
+    if spec.flag is None:
+        return
+    if spec.boolean:
+        if spec.off_flag is None:
+            group.add_argument(spec.flag, dest=spec.name, action="store_true", help=spec.help)
+            return
+        pair = group.add_mutually_exclusive_group()
+        shown = " (default)" if spec.default else ""
+        pair.add_argument(
+            spec.flag, dest=spec.name, action="store_true", default=spec.default, help=spec.help + shown
+        )
+        pair.add_argument(spec.off_flag, dest=spec.name, action="store_false", help=spec.off_help)
+        return
+    limit = f"; {spec.limit.replace('`', '')}" if spec.limit else ""
+    shown = "" if spec.default in (None, ()) else " (default %(default)s)"
+    group.add_argument(spec.flag, dest=spec.name, default=spec.default, help=spec.help + limit + shown)
+
+
 def settings_from_args(args: argparse.Namespace) -> CompileSettings:
     """Build validated settings from the command line (errors name the flag to change)."""
-    values: dict[str, Any] = {
-        "ctx_len": args.ctx_len,
-        "prefill_seq_len": args.prefill_seq_len,
-        "full_batch_size": args.full_batch_size,
-        "num_cores": args.num_cores,
-        "num_devices": args.num_devices,
-        "device_group": args.device_group,
-        "mxfp6": args.mxfp6,
-        "mxint8": args.mxint8,
-        "convert_to_fp16": args.fp16,
-        "mos": args.mos,
-        "num_speculative_tokens": args.num_speculative_tokens,
-        "aic_enable_depth_first": args.aic_enable_depth_first,
-        "compiler_args": tuple(shlex.split(args.compiler_args)),
-    }
-    if values["device_group"] is None:
-        values.pop("device_group")
-    return CompileSettings.from_mapping(values)
+    values = {name: getattr(args, name) for name, spec in SETTINGS.items() if spec.flag is not None}
+    return CompileSettings.from_mapping(values, lambda name: SETTINGS[name].flag or name)
 
 
 def _compile(args: argparse.Namespace, settings: CompileSettings) -> Path:

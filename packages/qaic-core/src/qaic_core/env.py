@@ -14,22 +14,30 @@ QAIC_TRACE_PLUGINS = "QAIC_TRACE_PLUGINS"
 QAIC_VISIBLE_DEVICES = "QAIC_VISIBLE_DEVICES"
 QEFF_HOME = "QEFF_HOME"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+BOOLEAN_WORDS = "1/0, true/false, yes/no or on/off"
+
+
+def parse_bool(value: object, what: str) -> bool:
+    """The stack's one yes/no parser (variables, override keys, settings); errors name ``what``."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise QaicConfigError(f"{what}={value!r} is not a boolean: use {BOOLEAN_WORDS}")
 
 
 def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None = None) -> bool:
-    """Read a boolean variable; anything but a clear yes/no is an error naming the variable."""
+    """Read a boolean variable (blank is no); anything but a clear yes/no is an error naming it."""
     env = os.environ if environ is None else environ
     raw = env.get(name)
     if raw is None:
         return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise QaicConfigError(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+    return parse_bool(raw, name) if raw.strip() else False
 
 
 def strict_plugins(environ: Mapping[str, str] | None = None) -> bool:

@@ -3,64 +3,206 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qaic_core.env import parse_bool
 from qaic_core.errors import QaicConfigError
 
 MAX_CORES_PER_SOC = 16
 MAX_DEVICES = 64
 
 
+def parse_int(value: Any, what: str) -> int:
+    """A whole number from JSON, a variable or a flag; the error names ``what``, the value and the fix."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise QaicConfigError(f"{what}={value!r} is not an integer: give a whole number") from None
+
+
+def parse_device_ids(value: Any, what: str) -> tuple[int, ...]:
+    """Device ids from ``"0,1"`` or ``[0, 1]``."""
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        return tuple(int(str(v).strip()) for v in parts)
+    except (TypeError, ValueError):
+        raise QaicConfigError(
+            f"{what} {value!r} is not a list of device ids: write it as '0,1' or [0, 1]"
+        ) from None
+
+
+def parse_arguments(value: Any, what: str) -> tuple[str, ...]:
+    """Compiler arguments from a list, or from one string split as a shell would."""
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:
+            raise QaicConfigError(
+                f"{what}={value!r} is not a list of arguments ({exc}): fix its quotes"
+            ) from None
+    if isinstance(value, list | tuple):
+        return tuple(str(a) for a in value)
+    raise QaicConfigError(f"{what}={value!r} is not a list of arguments: give a list or one quoted string")
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """One compile setting described once; the CLI, vLLM's overrides, aliases and docs derive from it."""
+
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[Any, str], Any]
+    """``parse(value, what)`` -> the typed value; errors name ``what`` (a key, flag or variable)."""
+    flag: str | None = None
+    """The ``qaic-aot`` flag; None where the command has none."""
+    off_flag: str | None = None
+    off_help: str = ""
+    aliases: tuple[str, ...] = ()
+    """Vendor names (Qualcomm's vllm-qaic plugin, QEfficient) accepted for it."""
+    limit: str = ""
+    override: bool = True
+    """Whether vLLM's ``override_qaic_config`` takes it (else an engine argument decides it)."""
+    engine_arg: str | None = None
+    """The vLLM engine argument that sets it, or gives its default."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    @property
+    def boolean(self) -> bool:
+        return self.parse is parse_bool
+
+    def value(self, raw: Any, what: str | None = None) -> Any:
+        """``raw`` parsed; None stays None for settings that may be unset."""
+        if raw is None and self.default is None:
+            return None
+        return self.parse(raw, what or self.name)
+
+
+def _setting(default: Any, help: str, parse: Callable[[Any, str], Any], **more: Any) -> Any:
+    """A dataclass field that carries its setting's description (``SETTINGS`` collects them)."""
+    return field(default=default, metadata={"spec": SettingSpec("", default, help, parse, **more)})
+
+
 @dataclass(frozen=True)
 class CompileSettings:
     """What a program is compiled for; names follow QEfficient's ``compile`` arguments."""
 
-    prefill_seq_len: int = 32
-    ctx_len: int = 128
-    batch_size: int = 1
-    full_batch_size: int | None = None
-    num_cores: int = 16
-    num_devices: int = 1
-    device_group: tuple[int, ...] | None = None
-    mxfp6: bool = False
-    mxint8: bool = False
-    mos: int | None = None
-    aic_enable_depth_first: bool = False
-    num_speculative_tokens: int | None = None
-    convert_to_fp16: bool = True
-    compiler_args: tuple[str, ...] = field(default_factory=tuple)
+    prefill_seq_len: int = _setting(
+        32,
+        "tokens per prefill chunk",
+        parse_int,
+        flag="--prefill-seq-len",
+        limit="1 .. `ctx_len`",
+        override=False,
+        engine_arg="--long-prefill-token-threshold",
+    )
+    ctx_len: int = _setting(
+        128,
+        "context length: KV positions per sequence",
+        parse_int,
+        flag="--ctx-len",
+        limit=">= 1",
+        override=False,
+        engine_arg="--max-model-len",
+    )
+    batch_size: int = _setting(1, "prefill batch", parse_int, limit="1 .. `full_batch_size`", override=False)
+    full_batch_size: int | None = _setting(
+        None,
+        "KV slots for continuous batching (the decode batch)",
+        parse_int,
+        flag="--full-batch-size",
+        limit=">= 1 or unset",
+        override=False,
+        engine_arg="--max-num-seqs",
+    )
+    num_cores: int = _setting(
+        16,
+        "NSP cores per SoC",
+        parse_int,
+        flag="--num-cores",
+        aliases=("aic_num_cores",),
+        limit=f"1 .. {MAX_CORES_PER_SOC}",
+    )
+    num_devices: int = _setting(
+        1,
+        "devices (SoCs) to tensor-slice the model over",
+        parse_int,
+        flag="--num-devices",
+        limit=f"1 .. {MAX_DEVICES}; as many as `device_group` lists",
+    )
+    device_group: tuple[int, ...] | None = _setting(
+        None,
+        "device ids to run on, comma separated, e.g. 0,1",
+        parse_device_ids,
+        flag="--device-group",
+        limit="`num_devices` ids, no repeats",
+    )
+    mxfp6: bool = _setting(
+        False,
+        "compress matmul weights to MX FP6 (-mxfp6-matmul)",
+        parse_bool,
+        flag="--mxfp6",
+        aliases=("mxfp6_matmul",),
+        engine_arg="--quantization mxfp6",
+    )
+    mxint8: bool = _setting(
+        False,
+        "keep the KV cache in MX INT8 (custom_io.yaml)",
+        parse_bool,
+        flag="--mxint8",
+        aliases=("mxint8_kv_cache",),
+        engine_arg="--kv-cache-dtype mxint8",
+    )
+    mos: int | None = _setting(None, "compiler -mos value", parse_int, flag="--mos", limit=">= 1 or unset")
+    aic_enable_depth_first: bool = _setting(
+        False,
+        "compiler -aic-enable-depth-first",
+        parse_bool,
+        flag="--aic-enable-depth-first",
+        aliases=("dfs",),
+    )
+    num_speculative_tokens: int | None = _setting(
+        None,
+        "K: add a decode of K+1 tokens (draft verification)",
+        parse_int,
+        flag="--num-speculative-tokens",
+        limit=">= 1, K+1 <= `ctx_len`",
+        override=False,
+    )
+    convert_to_fp16: bool = _setting(
+        True,
+        "compute in fp16 (-convert-to-fp16)",
+        parse_bool,
+        flag="--fp16",
+        off_flag="--fp32",
+        off_help="keep fp32 (no -convert-to-fp16)",
+        override=False,
+        engine_arg="--dtype float16",
+    )
+    compiler_args: tuple[str, ...] = _setting(
+        (),
+        "extra qaic-compile flags: one string split as a shell would, or a list",
+        parse_arguments,
+        flag="--compiler-args",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> CompileSettings:
+    def from_mapping(
+        cls, values: Mapping[str, Any], what: Callable[[str], str] | None = None
+    ) -> CompileSettings:
         """Build from a dict (for example ``override_qaic_config``), rejecting unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        aliases = {"mxfp6_matmul": "mxfp6", "mxint8_kv_cache": "mxint8", "dfs": "aic_enable_depth_first"}
-        clean: dict[str, Any] = {}
-        for key, value in values.items():
-            name = aliases.get(key, key)
-            if name not in known:
-                raise QaicConfigError(
-                    f"unknown compile setting {key!r}; known settings: {', '.join(sorted(known))}"
-                )
-            if name in {"device_group", "compiler_args"} and value is not None:
-                value = tuple(
-                    value.split(",") if isinstance(value, str) and name == "device_group" else value
-                )
-                if name == "device_group":
-                    try:
-                        value = tuple(int(v) for v in value)
-                    except ValueError:
-                        raise QaicConfigError(
-                            f"device_group {values[key]!r} is not a list of device ids: "
-                            "write it as '0,1' or [0, 1] (--device-group)"
-                        ) from None
-            clean[name] = value
-        return cls(**clean)
+        return cls(**parse_settings(values, what))
 
     def replace(self, **changes: Any) -> CompileSettings:
         return dataclasses.replace(self, **changes)
@@ -75,57 +217,58 @@ class CompileSettings:
         return (self.num_speculative_tokens or 0) + 1
 
     def validate(self) -> None:
-        _positive("prefill_seq_len", self.prefill_seq_len, "--prefill-seq-len")
-        _positive("ctx_len", self.ctx_len, "--ctx-len")
-        _positive("batch_size", self.batch_size, "--batch-size")
+        _positive("prefill_seq_len", self.prefill_seq_len)
+        _positive("ctx_len", self.ctx_len)
+        _positive("batch_size", self.batch_size)
         if self.full_batch_size is not None:
-            _positive("full_batch_size", self.full_batch_size, "--full-batch-size")
+            _positive("full_batch_size", self.full_batch_size)
         if self.prefill_seq_len > self.ctx_len:
             raise QaicConfigError(
                 f"prefill_seq_len ({self.prefill_seq_len}) must not exceed ctx_len ({self.ctx_len}): "
-                "lower --prefill-seq-len or raise --ctx-len"
+                f"lower {_flag('prefill_seq_len')} or raise {_flag('ctx_len')}"
             )
         if not 1 <= self.num_cores <= MAX_CORES_PER_SOC:
             raise QaicConfigError(
                 f"num_cores ({self.num_cores}) must be between 1 and {MAX_CORES_PER_SOC} "
-                "(NSP cores per SoC): set --num-cores accordingly"
+                f"(NSP cores per SoC): set {_flag('num_cores')} accordingly"
             )
         if not 1 <= self.num_devices <= MAX_DEVICES:
             raise QaicConfigError(
                 f"num_devices ({self.num_devices}) must be between 1 and {MAX_DEVICES}: "
-                "list the SoCs with --device-group"
+                f"list the SoCs with {_flag('device_group')}"
             )
         if self.device_group is not None:
             if len(self.device_group) != self.num_devices:
                 raise QaicConfigError(
                     f"device_group {list(self.device_group)} has {len(self.device_group)} devices but "
-                    f"num_devices is {self.num_devices}: make them agree (--device-group)"
+                    f"num_devices is {self.num_devices}: make them agree ({_flag('device_group')})"
                 )
             if len(set(self.device_group)) != len(self.device_group):
                 raise QaicConfigError(
-                    f"device_group {list(self.device_group)} lists a device twice: fix --device-group"
+                    f"device_group {list(self.device_group)} lists a device twice: fix {_flag('device_group')}"
                 )
             if any(d < 0 for d in self.device_group):
                 raise QaicConfigError(
-                    f"device_group {list(self.device_group)} has a negative device id: fix --device-group"
+                    f"device_group {list(self.device_group)} has a negative device id: "
+                    f"fix {_flag('device_group')}"
                 )
         if self.mos is not None and self.mos < 1:
-            raise QaicConfigError(f"mos ({self.mos}) must be >= 1 or unset: fix --mos")
+            raise QaicConfigError(f"mos ({self.mos}) must be >= 1 or unset: fix {_flag('mos')}")
         if self.num_speculative_tokens is not None:
             if self.num_speculative_tokens < 1:
                 raise QaicConfigError(
                     f"num_speculative_tokens ({self.num_speculative_tokens}) must be >= 1 or unset: "
-                    "fix --num-speculative-tokens"
+                    f"fix {_flag('num_speculative_tokens')}"
                 )
             if self.num_speculative_tokens + 1 > self.ctx_len:
                 raise QaicConfigError(
                     f"num_speculative_tokens + 1 ({self.num_speculative_tokens + 1}) exceeds ctx_len "
-                    f"({self.ctx_len}): lower --num-speculative-tokens or raise --ctx-len"
+                    f"({self.ctx_len}): lower {_flag('num_speculative_tokens')} or raise {_flag('ctx_len')}"
                 )
         if self.full_batch_size is not None and self.batch_size > self.full_batch_size:
             raise QaicConfigError(
                 f"batch_size ({self.batch_size}) must not exceed full_batch_size ({self.full_batch_size}): "
-                "lower --batch-size or raise --full-batch-size"
+                f"lower {_flag('batch_size')} or raise {_flag('full_batch_size')}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,6 +278,70 @@ class CompileSettings:
         return data
 
 
-def _positive(name: str, value: int, flag: str) -> None:
+SETTINGS: dict[str, SettingSpec] = {
+    f.name: dataclasses.replace(f.metadata["spec"], name=f.name) for f in dataclasses.fields(CompileSettings)
+}
+"""Every compile setting by name, in field order: the one description the CLI, vLLM and docs use."""
+SETTING_KEYS: dict[str, SettingSpec] = {key: spec for spec in SETTINGS.values() for key in spec.keys}
+"""Names and vendor aliases -> their setting."""
+
+
+def parse_settings(values: Mapping[str, Any], what: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """Known keys (names or aliases) -> parsed values by setting name; a name wins over its alias.
+
+    ``what(key)`` names a key in error messages (a flag, ``override_qaic_config mos``); the key itself
+    by default.
+    """
+    clean: dict[str, Any] = {}
+    by_name: dict[str, bool] = {}
+    for key, raw in values.items():
+        spec = SETTING_KEYS.get(key)
+        if spec is None:
+            raise QaicConfigError(
+                f"unknown compile setting {key!r}; known settings: {', '.join(sorted(SETTING_KEYS))}"
+            )
+        named = key == spec.name
+        if spec.name in by_name and (by_name[spec.name] or not named):
+            continue
+        clean[spec.name] = spec.value(raw, what(key) if what else key)
+        by_name[spec.name] = named
+    return clean
+
+
+def settings_table() -> str:
+    """The Markdown table of every setting that docs/configuration.md carries (a test keeps them equal)."""
+
+    def code(text: str | None) -> str:
+        return f"`{text}`" if text else ""
+
+    def default(spec: SettingSpec) -> str:
+        if spec.default is None:
+            return "unset"
+        if spec.default == ():
+            return "none"
+        return code(str(spec.default).lower() if spec.boolean else str(spec.default))
+
+    rows = [
+        "| setting | meaning | default | limit | `qaic-aot` flag | aliases | vLLM |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for spec in SETTINGS.values():
+        flags = " / ".join(code(f) for f in (spec.flag, spec.off_flag) if f)
+        vllm = [code(spec.engine_arg)] if spec.engine_arg else []
+        if spec.override:
+            vllm.append("`override_qaic_config`")
+        rows.append(
+            f"| `{spec.name}` | {spec.help} | {default(spec)} | {spec.limit} | {flags} | "
+            f"{', '.join(code(a) for a in spec.aliases)} | {' or '.join(vllm) or 'not settable'} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _flag(name: str) -> str:
+    """The flag an error message tells the user to change (the setting's name where there is none)."""
+    return SETTINGS[name].flag or name
+
+
+def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise QaicConfigError(f"{name} must be a positive integer, got {value!r}: set {flag}")
+        raise QaicConfigError(f"{name} must be a positive integer, got {value!r}: set {_flag(name)}")

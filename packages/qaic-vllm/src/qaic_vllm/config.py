@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qaic_core.errors import QaicConfigError
-from qaic_core.settings import MAX_CORES_PER_SOC, CompileSettings
+from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings, parse_settings
 from qaic_vllm import envs
 
 if TYPE_CHECKING:
@@ -19,20 +19,14 @@ log = logging.getLogger("qaic.vllm")
 DEFAULT_PREFILL_SEQ_LEN = 128
 DEFAULT_EXECUTION_PATH = "aot"
 OVERRIDE_KEY = "override_qaic_config"
+VLLM_ONLY_KEYS: dict[str, str] = {
+    "qpc_path": "a prebuilt QPC directory to serve instead of compiling (checked against the model)",
+}
+"""``override_qaic_config`` keys that are not compile settings."""
 OVERRIDE_KEYS = frozenset(
-    {
-        "num_cores",
-        "num_devices",
-        "device_group",
-        "mos",
-        "aic_enable_depth_first",
-        "dfs",
-        "qpc_path",
-        "compiler_args",
-        "mxfp6",
-        "mxint8",
-    }
+    {key for spec in SETTINGS.values() if spec.override for key in spec.keys} | set(VLLM_ONLY_KEYS)
 )
+"""Keys ``override_qaic_config`` takes: the overridable settings, their vendor aliases, qpc_path."""
 MXINT8_CACHE_DTYPES = frozenset({"mxint8", "fp8", "fp8_e4m3", "fp8_e5m2"})
 """KV cache dtypes that select an mxint8 KV cache (vllm-qaic maps fp8 to mxint8)."""
 DTYPES = {"float32": False, "float16": True}
@@ -73,39 +67,21 @@ def _overrides(vllm_config: VllmConfig) -> dict[str, Any]:
         )
     unknown = sorted(set(raw) - OVERRIDE_KEYS)
     if unknown:
+        engine = [
+            f"{k} with {SETTINGS[k].engine_arg}" for k in unknown if k in SETTINGS and SETTINGS[k].engine_arg
+        ]
+        hint = f"; set {', '.join(engine)}" if engine else ""
         raise QaicConfigError(
             f"--additional-config {OVERRIDE_KEY} has unknown keys {unknown}; "
-            f"known keys: {', '.join(sorted(OVERRIDE_KEYS))}"
+            f"known keys: {', '.join(sorted(OVERRIDE_KEYS))}{hint}"
         )
+    given = {key: value for key, value in raw.items() if value is not None}
+    qpc_path = given.pop("qpc_path", None)
     merged = envs.overrides_from_env()
-    merged.update(raw)
+    merged.update(parse_settings(given, lambda key: f"--additional-config {OVERRIDE_KEY} {key}"))
+    if qpc_path is not None:
+        merged["qpc_path"] = qpc_path
     return merged
-
-
-def _int_setting(values: dict[str, Any], key: str, source: str) -> int | None:
-    value = values.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            return int(str(value))
-        except ValueError:
-            raise QaicConfigError(
-                f"{source} {key}={value!r} is not an integer: give a whole number"
-            ) from None
-    return value
-
-
-def _bool_setting(values: dict[str, Any], key: str, default: bool, source: str) -> bool:
-    value = values.get(key, default)
-    if isinstance(value, bool):
-        return value
-    word = str(value).strip().lower()
-    if word in {"1", "true", "yes", "on"}:
-        return True
-    if word in {"0", "false", "no", "off"}:
-        return False
-    raise QaicConfigError(f"{source} {key}={value!r} is not a boolean: use true or false")
 
 
 def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
@@ -124,14 +100,13 @@ def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
         raise QaicConfigError(f"--long-prefill-token-threshold ({threshold}) must be >= 0")
     prefill_seq_len = prefill_seq_len_of(threshold, ctx_len)
 
-    num_cores = _int_setting(values, "num_cores", source)
+    num_cores = values.get("num_cores")
     if num_cores is not None and not 1 <= num_cores <= MAX_CORES_PER_SOC:
         raise QaicConfigError(
             f"num_cores={num_cores} is out of range: set {source} num_cores to 1..{MAX_CORES_PER_SOC} "
             "(NSP cores per SoC)"
         )
-    num_devices = _int_setting(values, "num_devices", source)
-    mos = _int_setting(values, "mos", source)
+    mos = values.get("mos")
     if mos is not None and mos < 1:
         raise QaicConfigError(f"mos={mos} must be >= 1: fix {source} mos")
 
@@ -150,35 +125,20 @@ def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
             f"--kv-cache-dtype {cache_dtype} is not supported on Cloud AI: use auto or mxint8 (fp8 maps to mxint8)"
         )
 
-    compiler_args = values.get("compiler_args") or ()
-    if isinstance(compiler_args, str):
-        compiler_args = tuple(compiler_args.split())
     kwargs: dict[str, Any] = {
         "prefill_seq_len": prefill_seq_len,
         "ctx_len": ctx_len,
         "batch_size": 1,
         "full_batch_size": full_batch_size,
-        "mxfp6": _bool_setting(values, "mxfp6", quantization == "mxfp6", source),
-        "mxint8": _bool_setting(values, "mxint8", cache_dtype in MXINT8_CACHE_DTYPES, source),
-        "aic_enable_depth_first": _bool_setting(
-            values, "aic_enable_depth_first", _bool_setting(values, "dfs", False, source), source
-        ),
+        "mxfp6": quantization == "mxfp6",
+        "mxint8": cache_dtype in MXINT8_CACHE_DTYPES,
         "convert_to_fp16": DTYPES[dtype],
-        "compiler_args": tuple(str(a) for a in compiler_args),
     }
-    if num_cores is not None:
-        kwargs["num_cores"] = num_cores
-    if num_devices is not None:
-        kwargs["num_devices"] = num_devices
-    if mos is not None:
-        kwargs["mos"] = mos
-    if values.get("device_group") is not None:
-        group = values["device_group"]
-        kwargs["device_group"] = group
-        if num_devices is None:
-            kwargs["num_devices"] = len(group.split(",") if isinstance(group, str) else group)
+    kwargs.update((key, value) for key, value in values.items() if key not in VLLM_ONLY_KEYS)
+    if "device_group" in values and "num_devices" not in values:
+        kwargs["num_devices"] = len(values["device_group"])
     try:
-        settings = CompileSettings.from_mapping(kwargs)
+        settings = CompileSettings(**kwargs)
     except QaicConfigError as exc:
         raise QaicConfigError(f"invalid Cloud AI settings from the engine arguments: {exc}") from exc
     except (TypeError, ValueError) as exc:

@@ -6,8 +6,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from qaic_core.env import env_flag
 from qaic_core.errors import QaicConfigError
+from qaic_core.settings import SETTINGS
 
 VLLM_QAIC_QPC_PATH = "VLLM_QAIC_QPC_PATH"
 VLLM_QAIC_NUM_CORES = "VLLM_QAIC_NUM_CORES"
@@ -16,12 +16,17 @@ VLLM_QAIC_DFS_EN = "VLLM_QAIC_DFS_EN"
 VLLM_QAIC_COMPILER_ARGS = "VLLM_QAIC_COMPILER_ARGS"
 VLLM_QAIC_MAX_CPU_THREADS = "VLLM_QAIC_MAX_CPU_THREADS"
 
+ENV_SETTINGS: dict[str, str] = {
+    VLLM_QAIC_NUM_CORES: "num_cores",
+    VLLM_QAIC_MOS: "mos",
+    VLLM_QAIC_DFS_EN: "aic_enable_depth_first",
+    VLLM_QAIC_COMPILER_ARGS: "compiler_args",
+}
+"""vllm-qaic's variable for a compile setting, parsed by that setting's entry in qaic_core.settings."""
+
 ENV_VARS: dict[str, str] = {
     VLLM_QAIC_QPC_PATH: "a prebuilt QPC directory to serve instead of compiling (checked against the model)",
-    VLLM_QAIC_NUM_CORES: "NSP cores per SoC to compile for (1-16); override_qaic_config.num_cores wins",
-    VLLM_QAIC_MOS: "compiler -mos value (>= 1); override_qaic_config.mos wins",
-    VLLM_QAIC_DFS_EN: "1 to compile with -aic-enable-depth-first",
-    VLLM_QAIC_COMPILER_ARGS: "extra qaic-compile arguments, space separated",
+    **{var: f"{SETTINGS[name].help}; override_qaic_config.{name} wins" for var, name in ENV_SETTINGS.items()},
     VLLM_QAIC_MAX_CPU_THREADS: "torch threads of the worker's host work (sampling); default: torch's own",
     "VLLM_TORCH_PROFILER_DIR": "where worker.profile() writes per-iteration device traces (lrt_trace_iter{N}_pid{P})",
 }
@@ -44,18 +49,10 @@ def overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, An
     """The compile overrides given by ``VLLM_QAIC_*`` variables, parsed with errors naming the variable."""
     env = os.environ if environ is None else environ
     out: dict[str, Any] = {}
-    for name, key in ((VLLM_QAIC_NUM_CORES, "num_cores"), (VLLM_QAIC_MOS, "mos")):
-        raw = env.get(name, "").strip()
+    for var, name in ENV_SETTINGS.items():
+        raw = env.get(var, "").strip()
         if raw:
-            try:
-                out[key] = int(raw)
-            except ValueError:
-                raise QaicConfigError(f"{name}={raw!r} is not an integer: set it to a whole number") from None
-    if env.get(VLLM_QAIC_DFS_EN, "").strip():
-        out["aic_enable_depth_first"] = env_flag(VLLM_QAIC_DFS_EN, environ=env)
-    raw = env.get(VLLM_QAIC_COMPILER_ARGS, "").strip()
-    if raw:
-        out["compiler_args"] = tuple(raw.split())
+            out[name] = SETTINGS[name].parse(raw, var)
     raw = env.get(VLLM_QAIC_QPC_PATH, "").strip()
     if raw:
         out["qpc_path"] = raw
