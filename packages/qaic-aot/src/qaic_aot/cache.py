@@ -3,13 +3,16 @@
 Layout (QEfficient's)::
 
     $QEFF_HOME/<arch>/<model>-<export_hash>/
-      <model>.onnx, hashed_export_params.json
+      <model>.onnx, hashed_export_params.json, qaic_manifest.json
       qpc-<compile_hash>/
         specializations.json, custom_io.yaml, hashed_compile_params.json, qconfig.json, [mdp_ts_<N>.json]
+        qaic_manifest.json
         qpc/programqpc.bin
 
 Each entry is built in a temporary directory next to its final place and moved there with one
 ``rename`` while a file lock is held, so a reader sees either nothing or a complete entry.
+``qaic_manifest.json`` (:mod:`qaic_aot.integrity`), written last, holds the checksums of the
+entry's files; a damaged entry is moved aside to ``<entry>.corrupt-<timestamp>``, never deleted.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -108,16 +112,16 @@ def temporary_dir(final: Path) -> Path:
 def build_dir_atomically(final: Path, build: Callable[[Path], None]) -> None:
     """Run ``build(tmp)`` in a fresh temporary directory, then rename it to ``final``.
 
-    The caller holds the lock of ``final``. A stale ``final`` (left without its marker by an
-    older tool) is removed first; a failed build leaves nothing behind.
+    The caller holds the lock of ``final`` and has moved a damaged ``final`` aside; one that
+    appeared anyway (made by a tool that takes no lock) is moved aside too. A failed build
+    leaves nothing behind.
     """
     final = Path(final)
     tmp = temporary_dir(final)
     try:
         build(tmp)
         if final.exists():
-            log.warning("replacing incomplete cache entry %s", final)
-            shutil.rmtree(final)
+            log.warning("cache entry %s appeared during the build: moved it to %s", final, move_aside(final))
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -131,3 +135,44 @@ def move_files_into(src: Path, dest: Path, last: tuple[str, ...] = ()) -> None:
     ordered = [n for n in names if n not in last] + [n for n in last if n in names]
     for name in ordered:
         os.replace(src / name, dest / name)
+
+
+def aside_path(entry: Path) -> Path:
+    """A free name ``<entry>.corrupt-<timestamp>`` next to ``entry``."""
+    entry = Path(entry)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate = entry.with_name(f"{entry.name}.corrupt-{stamp}")
+    n = 1
+    while candidate.exists():
+        n += 1
+        candidate = entry.with_name(f"{entry.name}.corrupt-{stamp}-{n}")
+    return candidate
+
+
+def move_aside(entry: Path) -> Path:
+    """Rename a damaged entry to ``<entry>.corrupt-<timestamp>`` (kept for inspection); returns it."""
+    target = aside_path(entry)
+    try:
+        os.rename(entry, target)
+    except OSError as exc:
+        raise QaicError(
+            f"cannot move the damaged cache entry {entry} aside ({exc}): delete it by hand"
+        ) from exc
+    return target
+
+
+def move_files_aside(folder: Path, names: list[str]) -> Path:
+    """Move the named files of ``folder`` into a new ``<folder>.corrupt-<timestamp>`` next to it.
+
+    For an export entry, whose folder also holds the compiled programs (left in place).
+    """
+    target = aside_path(folder)
+    try:
+        target.mkdir(parents=True)
+        for name in names:
+            os.replace(Path(folder) / name, target / name)
+    except OSError as exc:
+        raise QaicError(
+            f"cannot move the damaged files {names} of {folder} aside ({exc}): delete them by hand"
+        ) from exc
+    return target

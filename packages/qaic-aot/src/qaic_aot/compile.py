@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qaic_aot import cache, model_files, program_config
+from qaic_aot import cache, integrity, model_files, program_config
 from qaic_aot.progress import stage
 from qaic_core import env, get_plugin_manager
 from qaic_core import qpc as layout
@@ -109,21 +109,56 @@ def ensure_export(
 ) -> Path:
     """The cached ONNX of ``model_dir``, exported under a lock unless it is already there."""
     onnx_path = edir / f"{model_name}.onnx"
-    params_file = edir / layout.EXPORT_PARAMS_FILE
     with cache.locked(edir):
-        if onnx_path.is_file() and params_file.is_file():
+        if export_reusable(edir, onnx_path):
             log.info("reusing exported model %s", onnx_path)
             return onnx_path
         tmp = cache.temporary_dir(edir)
         try:
             run_export(model_dir, tmp / onnx_path.name, settings, progress=progress)
             layout.write_json(tmp / layout.EXPORT_PARAMS_FILE, params)
-            # The params file goes last: it marks a complete export.
-            cache.move_files_into(tmp, edir, last=(layout.EXPORT_PARAMS_FILE,))
+            integrity.seal(tmp, "export", recursive=False)
+            # The manifest goes last: it marks a complete export (the params file did before it).
+            cache.move_files_into(tmp, edir, last=(layout.EXPORT_PARAMS_FILE, integrity.MANIFEST_FILE))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("exported %s to %s", model_dir, onnx_path)
     return onnx_path
+
+
+def export_reusable(edir: Path, onnx_path: Path) -> bool:
+    """Whether the export in ``edir`` can be reused; a damaged one is moved aside (then False).
+
+    An export with a manifest is checked against its checksums; one made before manifests
+    existed (ONNX and params file, no manifest) is adopted when its graph parses.
+    """
+    required = (onnx_path.name, layout.EXPORT_PARAMS_FILE)
+    complete = all((edir / name).is_file() for name in required)
+    if (edir / integrity.MANIFEST_FILE).is_file():
+        problem = integrity.verify(edir, required, update=True)
+        if problem is None:
+            return True
+    elif complete:
+        problem = integrity.onnx_problem(onnx_path)
+        if problem is None:
+            integrity.seal(edir, "export", recursive=False)
+            log.info("recorded the checksums of %s, exported by an earlier version", onnx_path)
+            return True
+    else:
+        if not edir.is_dir() or not integrity.entry_files(edir, recursive=False):
+            return False
+        problem = f"no {integrity.MANIFEST_FILE} completion marker (an interrupted export)"
+    names = [*integrity.entry_files(edir, recursive=False)]
+    if (edir / integrity.MANIFEST_FILE).is_file():
+        names.append(integrity.MANIFEST_FILE)
+    moved = cache.move_files_aside(edir, names)
+    log.warning(
+        "exported model %s is damaged: %s; moved its files to %s and exporting it again",
+        onnx_path,
+        problem,
+        moved,
+    )
+    return False
 
 
 def run_export(model_dir: Path, out_path: Path, settings: CompileSettings, *, progress: bool = True) -> Any:
@@ -149,7 +184,7 @@ def ensure_compiled(
 ) -> Path:
     """The cached program for ``params``, compiled under a lock unless it already exists."""
     with cache.locked(cdir):
-        if layout.qpc_exists(cdir):
+        if compiled_reusable(cdir, backend):
             log.info("reusing compiled program %s", cdir)
             return cdir
 
@@ -176,10 +211,41 @@ def ensure_compiled(
                     },
                 },
             )
+            integrity.seal(tmp, "compile", recursive=True)  # last: the completion marker
 
         cache.build_dir_atomically(cdir, build)
     log.info("compiled program ready at %s", cdir)
     return cdir
+
+
+def compiled_reusable(cdir: Path, backend: DeviceBackend) -> bool:
+    """Whether the entry ``cdir`` can be reused; a damaged or partial one is moved aside (then False).
+
+    An entry with a manifest is checked against its checksums; one made before manifests existed
+    (program and params file, no manifest) is adopted when ``backend`` can read its header.
+    """
+    if not cdir.exists():
+        return False
+    if (cdir / integrity.MANIFEST_FILE).is_file():
+        problem = integrity.verify(cdir, (integrity.PROGRAM_MEMBER,), update=True)
+        if problem is None:
+            return True
+    elif (cdir / integrity.PROGRAM_MEMBER).is_file() and (cdir / layout.COMPILE_PARAMS_FILE).is_file():
+        problem = integrity.header_problem(cdir / integrity.PROGRAM_MEMBER, backend)
+        if problem is None:
+            integrity.seal(cdir, "compile", recursive=True)
+            log.info("recorded the checksums of %s, compiled by an earlier version", cdir)
+            return True
+    else:
+        problem = (
+            f"no {integrity.MANIFEST_FILE} completion marker and no complete program (an interrupted "
+            "build or copy)"
+        )
+    moved = cache.move_aside(cdir)
+    log.warning(
+        "compiled program %s is damaged: %s; moved it to %s and compiling it again", cdir, problem, moved
+    )
+    return False
 
 
 def write_compile_inputs(onnx_path: Path, out_dir: Path, settings: CompileSettings) -> list[str]:

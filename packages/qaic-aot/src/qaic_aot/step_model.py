@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qaic_aot import integrity
 from qaic_aot.causal_lm import CausalLM, LogitsHandle
 from qaic_aot.compile import compile_model
 from qaic_aot.iodesc import program_dir
@@ -171,12 +172,16 @@ def _slice_spec(pattern: str, item_size: int) -> str:
 
 
 def check(config: ExecutionConfig) -> None:
-    """Configuration-time checks: a prebuilt program must exist and hold a compiled program."""
+    """Configuration-time checks: a prebuilt program must exist and be readable (not truncated or corrupt).
+
+    Its checksums are compared when it is a cache entry with a manifest; otherwise the device
+    backend reads its header, as loading it would.
+    """
     if config.qpc_path is None:
         return
     path = Path(config.qpc_path)
     try:
-        program_dir(path)
+        integrity.check_prebuilt(path, config.device)
     except QaicConfigError as exc:
         raise QaicConfigError(f"qpc_path {path}: {exc}") from exc
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qaic_aot import model_files
+from qaic_aot import integrity, model_files
 from qaic_aot.iodesc import load_program_io, program_dir
 from qaic_core import get_plugin_manager
 from qaic_core import qpc as layout
@@ -45,10 +45,20 @@ def validate_qpc(
     *,
     backend: str | DeviceBackend | None = None,
 ) -> None:
-    """Raise ``QaicConfigError`` naming every way the program disagrees with the model or settings."""
+    """Raise ``QaicConfigError`` naming every way the program disagrees with the model or settings.
+
+    A program that is missing, damaged (its checksums, when recorded) or unreadable fails first,
+    naming the file and how to rebuild it.
+    """
     geometry = model_files.geometry(Path(model_dir))
     device_backend = get_plugin_manager().select_device_backend(backend)
-    io = load_program_io(device_backend.runtime(), device_backend.aicapi(), qpc_dir)
+    folder = integrity.check_prebuilt(Path(qpc_dir), device_backend, read_header=False)
+    try:
+        io = load_program_io(device_backend.runtime(), device_backend.aicapi(), folder)
+    except Exception as exc:  # the real runtime raises its own types
+        raise integrity.damaged(
+            folder / layout.PROGRAM_FILE, f"the {device_backend.name} backend cannot read it: {exc}"
+        ) from exc
     bindings = {b.name: b for b in io.bindings}
     problems: list[str] = []
 

@@ -185,13 +185,29 @@ def read_manifest(path: str | Path) -> tuple[ProgramManifest, bytes]:
         with zipfile.ZipFile(program) as zf:
             manifest = ProgramManifest.from_json(json.loads(zf.read(MANIFEST)), str(program))
             return manifest, zf.read(IODESC)
-    except (zipfile.BadZipFile, KeyError) as exc:
-        raise QaicConfigError(
-            f"{program} is not a program compiled by qaic-sim ({exc}); compile it with `qaic-sim compile` "
-            "or select the backend that produced it"
-        ) from exc
+    except QaicConfigError:
+        raise  # a readable program of another format or version: its own message says so
+    except UNREADABLE as exc:
+        raise unreadable(program, exc) from exc
 
 
 def read_member(path: str | Path, member: str) -> bytes:
-    with zipfile.ZipFile(find_program(path)) as zf:
-        return zf.read(member)
+    program = find_program(path)
+    try:
+        with zipfile.ZipFile(program) as zf:
+            return zf.read(member)
+    except UNREADABLE as exc:
+        raise unreadable(program, exc) from exc
+
+
+UNREADABLE = (zipfile.BadZipFile, KeyError, EOFError, ValueError)
+"""What reading a truncated, overwritten or foreign ``programqpc.bin`` raises (ValueError: bad JSON)."""
+
+
+def unreadable(program: Path, exc: BaseException) -> QaicConfigError:
+    """The error for a program file that cannot be read, naming the file and the fix."""
+    return QaicConfigError(
+        f"cannot read the compiled program {program}: the file may be truncated or corrupt, or it was not "
+        f"compiled by qaic-sim ({type(exc).__name__}: {exc}); delete it and compile it again (`qaic-aot "
+        "compile`, or `qaic-sim compile` for an ONNX), or select the backend that produced it"
+    )
