@@ -10,20 +10,22 @@ chunks run.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, LogprobsLists, ModelRunnerOutput
 
 from qaic_core import get_plugin_manager
 from qaic_core.execution import OVERLAP, Pending, StepModel
 from qaic_core.observe import StepRecord
 from qaic_vllm.sampling import HostSampler
+from qaic_vllm.speculative.proposers import Proposer
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -52,14 +54,25 @@ class StepPlan:
     decode_reqs: list[str] = field(default_factory=list)
     prefill: list[tuple[str, list[int], int]] = field(default_factory=list)
     sample_reqs: list[str] = field(default_factory=list)
+    verify: dict[str, list[int]] = field(default_factory=dict)
+    """Draft tokens to verify, per decoding request (speculative decoding)."""
 
 
 class SlotModelRunner:
     """Drives a slot-layout :class:`StepModel` from SchedulerOutputs and samples on the host."""
 
-    def __init__(self, vllm_config: VllmConfig, model: StepModel) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        model: StepModel,
+        proposer: Proposer | None = None,
+        num_speculative_tokens: int = 0,
+    ) -> None:
         self.vllm_config = vllm_config
         self.model = model
+        self.proposer = proposer
+        self.num_speculative_tokens = num_speculative_tokens
+        self.drafts: DraftTokenIds | None = None
         shape = model.shape
         self.full_batch_size = shape.num_slots
         self.prefill_seq_len = shape.prefill_seq_len
@@ -77,6 +90,8 @@ class SlotModelRunner:
         if state is not None:
             self.sampler.remove_request(state.slot)
             self.model.release_slot(state.slot)
+            if self.proposer is not None:
+                self.proposer.finish(req_id, state.token_ids)
 
     def _add_new(self, new_reqs: list[NewRequestData]) -> None:
         for new in new_reqs:
@@ -124,9 +139,14 @@ class SlotModelRunner:
     # -- planning and running ---------------------------------------------------------------
     def plan(self, so: SchedulerOutput) -> StepPlan:
         plan = StepPlan()
+        spec_tokens = so.scheduled_spec_decode_tokens
         for req_id, n in so.num_scheduled_tokens.items():
             state = self.requests[req_id]
             start = state.num_computed
+            spec = spec_tokens.get(req_id) if spec_tokens else None
+            if spec:
+                self._plan_verify(plan, state, int(n), spec)
+                continue
             end = start + int(n)
             if end > len(state.token_ids):
                 raise RuntimeError(
@@ -145,12 +165,41 @@ class SlotModelRunner:
                 plan.sample_reqs.append(req_id)
         return plan
 
+    def _plan_verify(self, plan: StepPlan, state: RequestState, n: int, spec: list[int]) -> None:
+        """A decode row that also checks the drafts proposed after the request's last token."""
+        start = state.num_computed
+        if start + 1 != len(state.token_ids) or n != 1 + len(spec):
+            raise RuntimeError(
+                f"request {state.req_id}: {n} tokens scheduled with {len(spec)} drafts from position {start}, "
+                f"but it holds {len(state.token_ids)} tokens"
+            )
+        drafts = list(itertools.takewhile(lambda t: t >= 0, spec))  # -1 pads drafts the grammar dropped
+        if start + len(drafts) >= self.ctx_len:
+            raise RuntimeError(f"request {state.req_id} would pass ctx_len {self.ctx_len}")
+        plan.decode[state.slot] = (state.token_ids[start], start)
+        plan.decode_reqs.append(state.req_id)
+        plan.verify[state.req_id] = drafts
+        plan.sample_reqs.append(state.req_id)
+
+    def _submit_decode(self, plan: StepPlan) -> Pending[dict[int, np.ndarray]]:
+        if not plan.verify:
+            return self.model.submit_decode(plan.decode)
+        rows: dict[int, tuple[Sequence[int], int]] = {}
+        for req_id in plan.decode_reqs:
+            slot = self.requests[req_id].slot
+            token, position = plan.decode[slot]
+            rows[slot] = ([token, *plan.verify.get(req_id, ())], position)
+        return self.model.submit_decode_tokens(rows)
+
     def run(self, plan: StepPlan) -> dict[str, np.ndarray]:
-        """Run the step on the device; returns the logits row of each request that samples."""
+        """Run the step on the device; the logits of each request that samples.
+
+        A plain row gives one logits row; a request with drafts gives ``[1 + drafts, vocab]``.
+        """
         logits: dict[str, np.ndarray] = {}
         decode_handle: Pending[dict[int, np.ndarray]] | None = None
         if plan.decode:
-            decode_handle = self.model.submit_decode(plan.decode)
+            decode_handle = self._submit_decode(plan)
             if not (self.overlap and plan.prefill):
                 self._take_decode(plan, decode_handle.wait(), logits)
                 decode_handle = None
@@ -166,7 +215,10 @@ class SlotModelRunner:
         self, plan: StepPlan, rows: Mapping[int, np.ndarray], out: dict[str, np.ndarray]
     ) -> None:
         for req_id in plan.decode_reqs:
-            out[req_id] = np.asarray(rows[self.requests[req_id].slot])
+            row = np.asarray(rows[self.requests[req_id].slot])
+            if plan.verify:
+                row = row if req_id in plan.verify else row[-1]
+            out[req_id] = row
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         """Run the step; None when structured output needs the grammar first (then ``sample_tokens``)."""
@@ -218,66 +270,117 @@ class SlotModelRunner:
             sampled = self._sample(plan, logits, grammar)
         index = {r: i for i, r in enumerate(req_ids)}
         tokens: list[list[int]] = [[] for _ in req_ids]
-        for req_id, token in sampled[0].items():
-            tokens[index[req_id]] = [token]
+        for req_id, row in sampled[0].items():
+            tokens[index[req_id]] = row
+        if self.proposer is not None:
+            self.drafts = self._propose(list(sampled[0]))
         return ModelRunnerOutput(
-            req_ids=req_ids, sampled_token_ids=tokens, logprobs=self._logprobs(req_ids, sampled[1])
+            req_ids=req_ids, sampled_token_ids=tokens, logprobs=self._logprobs(req_ids, tokens, sampled[1])
         )
+
+    def _propose(self, req_ids: list[str]) -> DraftTokenIds:
+        """Drafts for the next step of every request that just sampled (so is decoding)."""
+        assert self.proposer is not None
+        histories = {r: self.requests[r].token_ids for r in req_ids}
+        slots = {r: self.requests[r].slot for r in req_ids}
+        k = self.num_speculative_tokens
+        room = {r: max(self.ctx_len - len(histories[r]), 0) for r in req_ids}
+        drafts = self.proposer.propose({r: h for r, h in histories.items() if room[r]}, slots, k)
+        return DraftTokenIds(req_ids, [drafts.get(r, [])[: min(k, room[r])] for r in req_ids])
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed after the last step (vLLM's scheduler puts them in the next one)."""
+        drafts, self.drafts = self.drafts, None
+        return drafts
 
     def _sample(
         self, plan: StepPlan, logits: dict[str, np.ndarray], grammar: GrammarOutput | None = None
-    ) -> tuple[dict[str, int], dict[str, tuple[np.ndarray, np.ndarray, int]]]:
+    ) -> tuple[dict[str, list[int]], dict[str, LogprobsLists]]:
         reqs = [r for r in plan.sample_reqs if self.requests[r].params is not None]
-        if not reqs:
-            return {}, {}
-        batch = torch.from_numpy(np.stack([logits[r].reshape(-1)[: self.vocab_size] for r in reqs]))
-        if grammar is not None:
-            apply_grammar_bitmask(batch, reqs, grammar)
-        slots = [self.requests[r].slot for r in reqs]
-        positions = [len(self.requests[r].token_ids) for r in reqs]
-        tokens, lp = self.sampler.sample(batch, slots, positions)
-        out: dict[str, int] = {}
-        lp_rows: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
-        for i, req_id in enumerate(reqs):
+        out: dict[str, list[int]] = {}
+        lp_rows: dict[str, LogprobsLists] = {}
+        plain = [r for r in reqs if r not in plan.verify]
+        if plain:
+            batch = torch.from_numpy(np.stack([logits[r].reshape(-1)[: self.vocab_size] for r in plain]))
+            if grammar is not None:
+                apply_grammar_bitmask(batch, plain, grammar)
+            slots = [self.requests[r].slot for r in plain]
+            positions = [len(self.requests[r].token_ids) for r in plain]
+            tokens, lp = self.sampler.sample(batch, slots, positions)
+            for i, req_id in enumerate(plain):
+                out[req_id] = [tokens[i]]
+                if lp is not None:
+                    lp_rows[req_id] = LogprobsLists(
+                        lp.logprob_token_ids[i : i + 1],
+                        lp.logprobs[i : i + 1],
+                        lp.sampled_token_ranks[i : i + 1],
+                    )
+        for req_id in reqs:
+            if req_id not in plan.verify:
+                continue
             state = self.requests[req_id]
-            state.token_ids.append(tokens[i])
-            self.sampler.append_token(state.slot, tokens[i])
-            out[req_id] = tokens[i]
+            rows = torch.from_numpy(np.ascontiguousarray(logits[req_id][:, : self.vocab_size]))
+            if grammar is not None:
+                apply_grammar_bitmask(rows, [req_id] * rows.shape[0], grammar, positions=range(rows.shape[0]))
+            tokens, lp = self.sampler.verify(rows, state.slot, len(state.token_ids), plan.verify[req_id])
+            out[req_id] = tokens
             if lp is not None:
-                lp_rows[req_id] = (lp.logprob_token_ids[i], lp.logprobs[i], int(lp.sampled_token_ranks[i]))
+                lp_rows[req_id] = lp
+        for req_id, tokens in out.items():
+            state = self.requests[req_id]
+            for token in tokens:
+                state.token_ids.append(token)
+                self.sampler.append_token(state.slot, token)
         return out, lp_rows
 
     def _logprobs(
-        self, req_ids: list[str], rows: dict[str, tuple[np.ndarray, np.ndarray, int]]
+        self, req_ids: list[str], tokens: list[list[int]], rows: dict[str, LogprobsLists]
     ) -> LogprobsLists | None:
+        """vLLM's layout: one row per generated token, requests in order, with their offsets."""
         if not rows:
             return None
-        width = max(len(ids) for ids, _, _ in rows.values())
-        ids = np.zeros((len(req_ids), width), dtype=np.int64)
-        vals = np.full((len(req_ids), width), float("-inf"), dtype=np.float32)
-        ranks = np.zeros(len(req_ids), dtype=np.int64)
-        for i, req_id in enumerate(req_ids):
-            if req_id in rows:
-                tok, lp, rank = rows[req_id]
-                ids[i, : len(tok)] = tok
-                vals[i, : len(lp)] = lp
-                ranks[i] = rank
-        return LogprobsLists(ids, vals, ranks)
+        width = max(lp.logprob_token_ids.shape[1] for lp in rows.values())
+        total = sum(len(t) for t in tokens)
+        ids = np.zeros((total, width), dtype=np.int64)
+        vals = np.full((total, width), float("-inf"), dtype=np.float32)
+        ranks = np.zeros(total, dtype=np.int64)
+        offsets: list[int] = []
+        row = 0
+        for req_id, generated in zip(req_ids, tokens, strict=True):
+            offsets.append(row)
+            lp = rows.get(req_id)
+            if lp is not None:
+                n = len(generated)
+                ids[row : row + n, : lp.logprob_token_ids.shape[1]] = lp.logprob_token_ids[:n]
+                vals[row : row + n, : lp.logprobs.shape[1]] = lp.logprobs[:n]
+                ranks[row : row + n] = lp.sampled_token_ranks[:n]
+            row += len(generated)
+        multi = any(len(t) > 1 for t in tokens)
+        return LogprobsLists(ids, vals, ranks, offsets if multi else None)
 
 
-def apply_grammar_bitmask(logits: torch.Tensor, req_ids: list[str], grammar: GrammarOutput) -> None:
+def apply_grammar_bitmask(
+    logits: torch.Tensor,
+    req_ids: list[str],
+    grammar: GrammarOutput,
+    positions: Iterable[int] | None = None,
+) -> None:
     """Mask (to -inf) every token the request's grammar forbids; rows follow ``req_ids``.
 
-    The bitmask has one row of int32 words per structured-output request (bit ``t % 32`` of word
-    ``t // 32`` allows token ``t``), in ``grammar.structured_output_request_ids`` order.
+    The bitmask has rows of int32 words (bit ``t % 32`` of word ``t // 32`` allows token ``t``),
+    a block of ``1 + num_speculative_tokens`` rows per structured-output request in
+    ``grammar.structured_output_request_ids`` order; ``positions`` picks the row of each logits
+    row within its request's block (0 without speculation).
     """
-    rows = {req_id: i for i, req_id in enumerate(grammar.structured_output_request_ids)}
+    order = {req_id: i for i, req_id in enumerate(grammar.structured_output_request_ids)}
     bitmask = torch.from_numpy(np.asarray(grammar.grammar_bitmask))
+    stride = max(bitmask.shape[0] // max(len(order), 1), 1)
     token_ids = torch.arange(logits.shape[1], dtype=torch.int64)
-    for row, req_id in enumerate(req_ids):
-        mask_row = rows.get(req_id)
-        if mask_row is None:
+    offsets = list(positions) if positions is not None else [0] * len(req_ids)
+    for row, (req_id, offset) in enumerate(zip(req_ids, offsets, strict=True)):
+        block = order.get(req_id)
+        if block is None:
             continue
-        words = bitmask[mask_row, token_ids // 32]
+        words = bitmask[block * stride + offset, token_ids // 32]
         allowed = ((words >> (token_ids % 32)) & 1).bool()
         logits[row].masked_fill_(~allowed, float("-inf"))

@@ -18,6 +18,7 @@ from qaic_core.execution import ExecutionConfig
 from qaic_vllm import envs
 from qaic_vllm.config import engine_settings, execution_path_of
 from qaic_vllm.quantization import register_mxfp6
+from qaic_vllm.speculative.config import with_speculation
 from qaic_vllm.torch_device import neutralise_accelerator
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class QaicPlatform(Platform):
         pm = get_plugin_manager()
         path = pm.select_execution_path(execution_path_of(vllm_config))
         validate_model(vllm_config, path)
-        settings = engine_settings(vllm_config)
+        settings, spec = with_speculation(vllm_config, engine_settings(vllm_config))
         if path.check is not None:
             path.check(
                 ExecutionConfig(
@@ -176,6 +177,7 @@ class QaicPlatform(Platform):
             )
         prefill = settings.compile.prefill_seq_len
         full_batch = settings.compile.decode_batch_size
+        decode_tokens = full_batch * settings.compile.decode_seq_len  # 1 + K per row with speculation
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls in ("auto", "", None):
@@ -187,9 +189,9 @@ class QaicPlatform(Platform):
         sched.async_scheduling = False
         sched.enable_chunked_prefill = True
         sched.long_prefill_token_threshold = prefill
-        sched.max_num_batched_tokens = max(int(sched.max_num_batched_tokens), full_batch + prefill)
+        sched.max_num_batched_tokens = max(int(sched.max_num_batched_tokens), decode_tokens + prefill)
         if sched.max_num_scheduled_tokens is not None:
-            sched.max_num_scheduled_tokens = max(int(sched.max_num_scheduled_tokens), full_batch + prefill)
+            sched.max_num_scheduled_tokens = max(int(sched.max_num_scheduled_tokens), decode_tokens + prefill)
 
         from vllm.config import CompilationMode
         from vllm.config.compilation import CUDAGraphMode
@@ -209,11 +211,12 @@ class QaicPlatform(Platform):
         cache.block_size = int(model_config.max_model_len)
         cache.num_gpu_blocks_override = full_batch + 1
         log.info(
-            "qaic: full_batch_size=%d ctx_len=%d prefill_seq_len=%d (%s)",
+            "qaic: full_batch_size=%d ctx_len=%d prefill_seq_len=%d (%s)%s",
             full_batch,
             settings.compile.ctx_len,
             prefill,
             settings.dtype,
+            f"; speculative {spec.method} with {spec.num_speculative_tokens} tokens" if spec else "",
         )
 
     @classmethod

@@ -113,6 +113,65 @@ class HostSampler:
         logprobs = self._logprobs(logits, processed, sampled, idx_np)
         return [int(t) for t in sampled.tolist()], logprobs
 
+    def verify(
+        self, logits: torch.Tensor, idx: int, position: int, drafts: Sequence[int]
+    ) -> tuple[list[int], LogprobsLists | None]:
+        """Accept a prefix of ``drafts`` and add one token, so the output follows the target's distribution.
+
+        ``logits`` has one row per verified position (``len(drafts) + 1``): row ``j`` scores the
+        token at ``position + j`` given the drafts before it. Greedy rows accept a draft when it is
+        the argmax, so the output equals non-speculative greedy decoding. Random rows use rejection
+        sampling with a deterministic proposal (the proposers draft one token, not a distribution):
+        a draft ``d`` is kept with probability ``p(d)``; a rejected one is replaced by a draw from
+        ``p`` without ``d`` (renormalised); after every draft is kept, one more token is drawn from
+        the last row. Accepted tokens join the row's history before the next position is scored,
+        so penalties see them as they would without speculation.
+        """
+        logits = logits.to(torch.float32)
+        idx_np = np.asarray([idx], dtype=np.int64)
+        idx_t = torch.from_numpy(idx_np)
+        temperature = float(self.states.temperature_np[idx])
+        out: list[int] = []
+        raw_rows: list[torch.Tensor] = []
+        history_len = int(self.total_len[idx])
+        for j in range(len(drafts) + 1):
+            pos_t = torch.tensor([position + j], dtype=torch.int64)
+            raw = logits[j : j + 1]
+            processed = self._process(raw, idx_t, idx_np, pos_t)[0]
+            raw_rows.append(raw[0])
+            draft = int(drafts[j]) if j < len(drafts) else None
+            if temperature == 0.0:
+                token = int(processed.argmax())
+            else:
+                probs = torch.softmax(processed, dim=-1)
+                gen = self._generator(idx, position + j)
+                if draft is not None and float(torch.rand((), generator=gen)) < float(probs[draft]):
+                    token = draft
+                else:
+                    if draft is not None:
+                        probs = probs.clone()
+                        probs[draft] = 0.0
+                    noise = torch.empty_like(probs).exponential_(generator=gen)
+                    token = int(torch.argmax(probs / noise))
+            out.append(token)
+            self.append_token(idx, token)
+            if token != draft:
+                break
+        self.total_len[idx] = history_len  # the runner appends the output tokens itself
+        sampled = torch.tensor(out, dtype=torch.int64)
+        max_n = int(self.states.num_logprobs[idx])
+        logprobs = None
+        if max_n != NO_LOGPROBS:
+            logprobs = topk_logprobs(torch.stack(raw_rows[: len(out)]), min(max_n, self.vocab_size), sampled)
+        return out, logprobs
+
+    def _generator(self, idx: int, position: int) -> torch.Generator:
+        """The request's own stream at ``position`` when seeded, else the sampler's shared one."""
+        if self.states.seeds_set[idx]:
+            seed = (int(self.states.seeds_np[idx]) + _SEED_MIX * position) % (2**63 - 1)
+            return torch.Generator().manual_seed(seed)
+        return self.rng
+
     def _process(
         self, logits: torch.Tensor, idx_t: torch.Tensor, idx_np: np.ndarray, pos_t: torch.Tensor
     ) -> torch.Tensor:
@@ -149,11 +208,7 @@ class HostSampler:
         for i, row in enumerate(rows.tolist()):
             idx = int(idx_np[row])
             probs = torch.softmax(processed[row], dim=-1)
-            if self.states.seeds_set[idx]:
-                seed = (int(self.states.seeds_np[idx]) + _SEED_MIX * int(pos_t[row])) % (2**63 - 1)
-                gen = torch.Generator().manual_seed(seed)
-            else:
-                gen = self.rng
+            gen = self._generator(idx, int(pos_t[row]))
             noise = torch.empty_like(probs).exponential_(generator=gen)
             out[i] = int(torch.argmax(probs / noise))
         return out

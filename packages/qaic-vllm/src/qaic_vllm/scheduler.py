@@ -2,15 +2,20 @@
 
 Each step schedules every running decode (one full-batch decode run on the device) and at most one
 prefill chunk of ``prefill_seq_len`` tokens, so a long new prompt is fed in chunks between decode
-steps instead of freezing the running streams.
+steps instead of freezing the running streams. When observers are registered (the
+``qaic_observers`` hook), each ``schedule()`` reports its time as the ``schedule`` phase.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
+
+from qaic_core import get_plugin_manager
 
 log = logging.getLogger("qaic.vllm.scheduler")
 
@@ -18,26 +23,39 @@ log = logging.getLogger("qaic.vllm.scheduler")
 class QaicScheduler(Scheduler):
     """At most one request in prefill at a time, at most ``prefill_seq_len`` of its tokens per step."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.observers = get_plugin_manager().observers()
+
     def _prefill_seq_len(self) -> int:
         return int(self.scheduler_config.long_prefill_token_threshold) or int(self.max_model_len)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        if not self.observers:
+            return self._schedule(throttle_prefills)
+        start = time.perf_counter()
+        try:
+            return self._schedule(throttle_prefills)
+        finally:
+            self.observers.phase("schedule", time.perf_counter() - start)
+
+    def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         prefill_seq_len = self._prefill_seq_len()
-        decodes = 0
+        decode_tokens = 0
         prefilling = False
         for request in self.running:
             remaining = request.num_tokens - request.num_computed_tokens
             if remaining > 1:
                 prefilling = True
             else:
-                decodes += 1
+                decode_tokens += 1 + len(request.spec_token_ids)  # drafts are verified in the same row
         saved_active = self.max_num_active_reqs
         saved_budget = self.max_num_scheduled_tokens
         # One prefill at a time: admit a waiting request only when nobody is in prefill.
         limit = len(self.running) if prefilling else len(self.running) + 1
         self.max_num_active_reqs = min(saved_active, limit)
-        # Budget: one token per decode plus one prefill chunk.
-        self.max_num_scheduled_tokens = min(saved_budget, decodes + prefill_seq_len)
+        # Budget: one token (and its drafts) per decode plus one prefill chunk.
+        self.max_num_scheduled_tokens = min(saved_budget, decode_tokens + prefill_seq_len)
         try:
             return super().schedule(throttle_prefills)
         finally:

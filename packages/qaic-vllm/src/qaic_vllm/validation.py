@@ -47,9 +47,9 @@ def validate_model(vllm_config: VllmConfig, path: ExecutionPath) -> None:
             f"{parallel.pipeline_parallel_size}: vLLM sees one device on Cloud AI; the compiler slices the "
             'model across SoCs instead: use --additional-config \'{"override_qaic_config": {"num_devices": N}}\''
         )
-    if vllm_config.speculative_config is not None:
+    if vllm_config.speculative_config is not None and "speculative_verify" not in path.capabilities:
         raise QaicConfigError(
-            f"speculative decoding is not supported on the qaic {path.name} path yet: drop --speculative-config"
+            f"speculative decoding is not supported on the qaic {path.name} path: drop --speculative-config"
         )
     if vllm_config.lora_config is not None:
         raise QaicConfigError(

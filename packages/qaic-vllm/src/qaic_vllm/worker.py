@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from qaic_core import get_plugin_manager
@@ -21,6 +21,8 @@ from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
 from qaic_vllm.model_runner import SlotModelRunner
 from qaic_vllm.platform import configure_logging
 from qaic_vllm.profiling import IterationTracer
+from qaic_vllm.speculative.config import with_speculation
+from qaic_vllm.speculative.proposers import Proposer
 from qaic_vllm.torch_device import name_device_type, neutralise_accelerator
 
 log = logging.getLogger("qaic.vllm.worker")
@@ -40,7 +42,8 @@ class QaicWorker(WorkerBase):
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
         configure_logging()
         neutralise_accelerator()
-        self.settings: EngineSettings = engine_settings(vllm_config)
+        self.settings: EngineSettings
+        self.settings, self.spec = with_speculation(vllm_config, engine_settings(vllm_config))
         self.runner: SlotModelRunner | None = None
         self.step_model: StepModel | None = None
         self.backend: DeviceBackend | None = None
@@ -101,7 +104,23 @@ class QaicWorker(WorkerBase):
             )
         log.info("qaic: %s model ready in %.1fs", self.path.name, self.compile_seconds)
         self.step_model = model
-        self.runner = SlotModelRunner(self.vllm_config, model)
+        proposer = self._open_proposer(model, config)
+        k = self.spec.num_speculative_tokens if self.spec is not None else 0
+        self.runner = SlotModelRunner(self.vllm_config, model, proposer, k)
+
+    def _open_proposer(self, model: StepModel, config: ExecutionConfig) -> Proposer | None:
+        """The speculative method's proposer; a draft model gets its own program on the same devices."""
+        spec = self.spec
+        if spec is None:
+            return None
+        from qaic_vllm.speculative import factory
+
+        assert self.path is not None
+        try:
+            return factory.open_proposer(spec, model, self.path, config)
+        except BaseException:
+            model.close()
+            raise
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """One tiny stand-in layer: the real KV lives on the device; vLLM only counts slots."""
@@ -156,8 +175,8 @@ class QaicWorker(WorkerBase):
         assert self.runner is not None, "load_model() must run before sample_tokens()"
         return self.runner.sample_tokens(grammar_output)
 
-    def take_draft_token_ids(self) -> None:
-        return None
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        return self.runner.take_draft_token_ids() if self.runner is not None else None
 
     def profile(self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any) -> None:
         if self.tracer is None:
@@ -185,6 +204,8 @@ class QaicWorker(WorkerBase):
     def shutdown(self) -> None:
         if self.tracer is not None:
             self.tracer.stop()
+        if self.runner is not None and self.runner.proposer is not None:
+            self.runner.proposer.close()
         if self.step_model is not None:
             self.step_model.close()  # frees the NSP cores for the next program
         self.step_model = None
