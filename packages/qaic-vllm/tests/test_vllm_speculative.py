@@ -211,3 +211,46 @@ def test_spec_settings_refuse_a_k_beyond_the_context() -> None:
     engine_settings = EngineSettings(CompileSettings(prefill_seq_len=8, ctx_len=32), None, "float32")
     with pytest.raises(QaicConfigError, match="lower num_speculative_tokens or raise --max-model-len"):
         spec_settings(SimpleNamespace(speculative_config=sc), engine_settings)  # type: ignore[arg-type]
+
+
+def test_request_options_keep_working_with_speculation(
+    tiny_model: Path, prompts: list[list[int]], hf_greedy: Callable[..., list[int]]
+) -> None:
+    import re
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    speculative = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 2}
+    with engine(tiny_model, speculative) as llm:
+        tok = llm.get_tokenizer()
+        expected = hf_greedy(prompts[0], 30)
+        # max_tokens cuts a step's accepted drafts short.
+        for n in (1, 5, 7):
+            out = llm.generate([{"prompt_token_ids": prompts[0]}], greedy(n))[0].outputs[0]
+            assert list(out.token_ids) == expected[:n]
+        # A stop string ends the output even when it arrives among accepted drafts.
+        stop = tok.decode(expected[10:12])
+        full = tok.decode(expected)
+        params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop=[stop])
+        out = llm.generate([{"prompt_token_ids": prompts[0]}], params)[0].outputs[0]
+        assert out.text == full[: full.index(stop)]
+        # Structured output: the grammar masks every verified position.
+        choice = SamplingParams(
+            temperature=0.0, max_tokens=10, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])
+        )
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], choice)
+        assert all(o.outputs[0].text in {"yes", "no"} for o in outs)
+        pattern = r"(red|green|blue) [0-9]{2}"
+        regex = SamplingParams(
+            temperature=1.0, seed=2, max_tokens=12, structured_outputs=StructuredOutputsParams(regex=pattern)
+        )
+        mixed = llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], [regex, greedy(20)])
+        assert re.fullmatch(pattern, mixed[0].outputs[0].text)
+        assert list(mixed[1].outputs[0].token_ids) == hf_greedy(prompts[1], 20)
+        # Logprobs of every accepted token come back, one entry per token.
+        lp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+        out = llm.generate([{"prompt_token_ids": prompts[2]}], lp)[0].outputs[0]
+        assert list(out.token_ids) == hf_greedy(prompts[2], 12)
+        assert out.logprobs is not None and len(out.logprobs) == 12
+        assert all(token in entry for token, entry in zip(out.token_ids, out.logprobs, strict=True))
