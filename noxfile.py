@@ -18,7 +18,7 @@ import nox
 ROOT = Path(__file__).parent
 STACK = ROOT / ".venv"
 STAMP = STACK / ".qaic-stack"
-PACKAGES = ["qaic-core", "qaic-sim", "qaic-aot", "qaic-pyt", "qaic-vllm", "qaic-kvconnector"]
+PACKAGES = ["qaic-core", "qaic-sim", "qaic-aot", "qaic-pyt", "qaic-vllm", "qaic-kvconnector", "qaic-bench"]
 
 TORCH = "torch==2.13.0"
 VLLM = "vllm==0.34.0"
@@ -186,7 +186,7 @@ def bench(session: nox.Session) -> None:
     session.run(
         _bin("python"),
         "-m",
-        "qaic_vllm.bench",
+        "qaic_bench",
         "--out",
         str(ROOT / ".bench"),
         *session.posargs,

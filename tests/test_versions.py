@@ -16,7 +16,15 @@ def _load(path: Path) -> dict:
 
 def test_every_package_is_present() -> None:
     names = {_load(p)["name"] for p in PYPROJECTS}
-    assert names == {"qaic-core", "qaic-sim", "qaic-aot", "qaic-pyt", "qaic-vllm", "qaic-kvconnector"}
+    assert names == {
+        "qaic-core",
+        "qaic-sim",
+        "qaic-aot",
+        "qaic-pyt",
+        "qaic-vllm",
+        "qaic-kvconnector",
+        "qaic-bench",
+    }
 
 
 def test_one_version_and_exact_pins() -> None:

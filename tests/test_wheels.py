@@ -93,5 +93,5 @@ def test_the_platform_and_backend_entry_points_exist(wheel_env: dict) -> None:
 
 
 def test_console_scripts_are_installed(wheel_env: dict) -> None:
-    for script in ("qaic-sim", "qaic-aot", "qaic-vllm"):
+    for script in ("qaic-sim", "qaic-aot", "qaic-vllm", "qaic-bench"):
         assert script in wheel_env["scripts"], script

@@ -6,15 +6,16 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from qaic_aot import QAICInferenceSession
-from qaic_core import get_plugin_manager
+from qaic_core import get_plugin_manager, hookimpl
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
+from qaic_core.observe import Observer
 from qaic_core.session import QaicSession
 from qaic_core.testing.models import compile_accumulator
 from qaic_core.types import QStatus
@@ -119,6 +120,60 @@ def test_deactivated_session_refuses_runs_until_activated(session: QAICInference
     session.activate()
     out = session.run({"x": _x(1), "batch_index": [[0]], "state": np.zeros((SLOTS, WIDTH), np.float32)})
     np.testing.assert_array_equal(out["y"], _x(1))
+
+
+class RunRecorder(Observer):
+    """Keeps what a session reports: ("submitted", input names, exec index) and ("waited", exec index)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+        self.seconds: list[float] = []
+
+    def run_submitted(self, inputs: Mapping[str, np.ndarray], exec_index: int, seconds: float) -> None:
+        self.calls.append(("submitted", sorted(inputs), exec_index))
+        self.seconds.append(seconds)
+
+    def run_waited(self, exec_index: int, seconds: float) -> None:
+        self.calls.append(("waited", exec_index))
+        self.seconds.append(seconds)
+
+    @hookimpl
+    def qaic_observers(self) -> list[Observer]:
+        return [self]
+
+
+def test_observer_sees_every_run_handed_over_and_waited_for(accumulator_qpc: Path) -> None:
+    recorder = RunRecorder()
+    with QAICInferenceSession(accumulator_qpc, observer=recorder) as session:
+        session.skip_buffers(["state", "state_RetainedState"])
+        handle = session.submit({"x": _x(1), "batch_index": [[0]]}, exec_index=1)
+        first = handle.wait()
+        assert handle.wait() is first  # waiting again reports nothing: the run already finished
+        session.run({"x": _x(1), "batch_index": [[1]]})
+        with pytest.raises(QaicConfigError):
+            session.submit({"nope": _x(1)})  # a refused run is not reported
+    assert recorder.calls == [
+        ("submitted", ["batch_index", "x"], 1),
+        ("waited", 1),
+        ("submitted", ["batch_index", "x"], 0),
+        ("waited", 0),
+    ]
+    assert all(s >= 0.0 for s in recorder.seconds)
+
+
+def test_sessions_report_to_the_registered_observers(accumulator_qpc: Path) -> None:
+    inputs = {"x": _x(1), "batch_index": [[0]], "state": np.zeros((SLOTS, WIDTH), np.float32)}
+    with QAICInferenceSession(accumulator_qpc) as plain:
+        assert plain._observer is None  # no observer registered: runs are not timed at all
+    recorder = RunRecorder()
+    pm = get_plugin_manager()
+    pm.register(recorder, name="test-run-recorder")
+    try:
+        with QAICInferenceSession(accumulator_qpc) as session:
+            session.run(inputs)
+    finally:
+        pm.unregister(recorder)
+    assert recorder.calls == [("submitted", ["batch_index", "state", "x"], 0), ("waited", 0)]
 
 
 def test_plugin_registers_the_aot_execution_path() -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
 
-from qaic_sim import fidelity, timing
+from qaic_sim import cli, fidelity, timing
 
 # Every row of section 1 of the reference (card, model, precision, tok/s).
 EXPECTED = {
@@ -115,3 +116,13 @@ def test_docs_table_is_current(rows: list[dict]) -> None:
     if not DOC.is_file():
         pytest.skip("docs are not part of this checkout")
     assert fidelity.markdown_table(rows) in DOC.read_text()
+
+
+def test_cli_prints_the_table_and_the_rows_as_json(
+    rows: list[dict], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``qaic-sim fidelity [--json]``: what tools (the benchmarks) read instead of importing this module."""
+    assert cli.main(["fidelity", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == rows
+    assert cli.main(["fidelity"]) == 0
+    assert fidelity.markdown_table(rows) in capsys.readouterr().out

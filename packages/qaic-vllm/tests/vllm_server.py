@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from qaic_vllm.bench.server import free_port, vllm_command
+
+def vllm_command() -> list[str]:
+    """The ``vllm`` CLI of the running interpreter's environment."""
+    script = Path(sys.executable).parent / "vllm"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class VllmServer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from qaic_aot.iodesc import check, program_dir, read_program_io, status_name
 from qaic_core import get_plugin_manager
 from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
+from qaic_core.observe import Observer
 from qaic_core.types import Binding, Direction, QStatus
 
 log = logging.getLogger("qaic.aot.session")
@@ -34,10 +36,14 @@ class RunHandle:
     def wait(self) -> dict[str, np.ndarray]:
         """Block until the run finishes; raises ``QaicRuntimeError`` if the device reports a failure."""
         if self._result is None and self._error is None:
+            observer = self._session._observer
+            start = time.perf_counter() if observer is not None else 0.0
             try:
                 self._result = self._session._complete(self.exec_index, self._dims)
             except BaseException as exc:
                 self._error = exc
+            if observer is not None:
+                observer.run_waited(self.exec_index, time.perf_counter() - start)
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -57,6 +63,7 @@ class QAICInferenceSession:
         *,
         backend: str | DeviceBackend | None = None,
         num_exec_objects: int = 2,
+        observer: Observer | None = None,
     ) -> None:
         if num_exec_objects < 1:
             raise QaicConfigError(f"num_exec_objects ({num_exec_objects}) must be at least 1")
@@ -93,6 +100,9 @@ class QAICInferenceSession:
         self._busy = [threading.Lock() for _ in range(num_exec_objects)]
         self._buffers: dict[str, np.ndarray] = {}
         self._slicing_handles: dict[str, Any] = {}
+        # Observers see every run handed over and waited for; None (no timing at all) when there are none.
+        observer = get_plugin_manager().observers() if observer is None else observer
+        self._observer: Observer | None = observer if observer else None
         self.is_active = False
         if activate:
             self.activate()
@@ -167,6 +177,14 @@ class QAICInferenceSession:
 
     def submit(self, inputs: Mapping[str, np.ndarray], exec_index: int = 0) -> RunHandle:
         """Start a run on exec object ``exec_index``; runs on different exec objects overlap."""
+        if self._observer is None:
+            return self._submit(inputs, exec_index)
+        start = time.perf_counter()
+        handle = self._submit(inputs, exec_index)
+        self._observer.run_submitted(inputs, exec_index, time.perf_counter() - start)
+        return handle
+
+    def _submit(self, inputs: Mapping[str, np.ndarray], exec_index: int) -> RunHandle:
         if not self.is_active:
             raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
         if not 0 <= exec_index < self.num_exec_objects:

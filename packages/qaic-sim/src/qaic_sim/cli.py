@@ -1,8 +1,9 @@
-"""The ``qaic-sim`` command: list devices, inspect a compiled program, compile like qaic-compile."""
+"""The ``qaic-sim`` command: list devices, inspect a program, compile like qaic-compile, show fidelity."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -14,7 +15,8 @@ from qaic_core.errors import QaicError
 
 USAGE = """qaic-sim list                      simulated devices and their free resources
 qaic-sim qpc PATH                  bindings and specializations of a compiled program
-qaic-sim compile -aic-hw ... -m=X.onnx -aic-binary-dir=DIR/qpc   (qaic-compile flags)"""
+qaic-sim compile -aic-hw ... -m=X.onnx -aic-binary-dir=DIR/qpc   (qaic-compile flags)
+qaic-sim fidelity [--json]         the timing model against every published decode figure"""
 
 
 def cmd_list(console: Console) -> int:
@@ -83,6 +85,20 @@ def cmd_compile(argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_fidelity(as_json: bool) -> int:
+    """The fidelity table as Markdown, or with ``--json`` as a JSON list of rows (see ``fidelity_rows``).
+
+    Each JSON row has ``card``, ``model``, ``precision``, ``num_devices``, ``num_cores``,
+    ``published_tok_s``, ``modelled_tok_s`` and ``error_pct``; tools read this instead of importing
+    the simulator.
+    """
+    from qaic_sim.fidelity import fidelity_rows, markdown_table
+
+    rows = fidelity_rows()
+    print(json.dumps(rows, indent=2) if as_json else markdown_table(rows))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     is_compile = bool(args) and args[0] == "compile"
@@ -98,7 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         qpc = sub.add_parser("qpc", help="bindings and specializations of a compiled program")
         qpc.add_argument("path")
         sub.add_parser("compile", help="compile with qaic-compile flags")
+        fid = sub.add_parser("fidelity", help="the timing model against every published decode figure")
+        fid.add_argument("--json", action="store_true", help="print the rows as JSON instead of Markdown")
         ns = parser.parse_args(args)
+        if ns.cmd == "fidelity":
+            return cmd_fidelity(ns.json)
         return cmd_list(console) if ns.cmd == "list" else cmd_qpc(console, ns.path)
     except (QaicError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)

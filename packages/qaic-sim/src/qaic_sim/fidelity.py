@@ -1,4 +1,7 @@
-"""The timing model against every published Cloud AI 100 decode figure, and the one global fit behind it."""
+"""The timing model against every published Cloud AI 100 decode figure, and the one global fit behind it.
+
+``qaic-sim fidelity [--json]`` prints :func:`fidelity_rows` (Markdown, or JSON for tools).
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from qaic_vllm.bench.settings import BenchSettings
+from qaic_bench.settings import BenchSettings
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -78,12 +78,13 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
         "host_overhead_us": (
             "vLLM's engine in-process (`LLM`, `VLLM_ENABLE_V1_MULTIPROCESSING=0`, no pacing) with "
             f"`--max-num-seqs` = batch, {s.host_input_len}-token prompts, {s.host_output_len} output tokens each. "
-            "Every `QAICInferenceSession.submit` and `RunHandle.wait` is timed; a step's host time is the wall "
+            "An observer registered through the `qaic_observers` hook receives the time of every "
+            "`QAICInferenceSession.submit` and `RunHandle.wait`; a step's host time is the wall "
             "time of `LLMEngine.step()` (scheduling, input preparation, sampling, output processing and "
             "detokenization) minus the time spent in those session calls. Reported: the median over decode-only "
-            f"steps with every slot busy ({host_rows or 'n/a'}). The split times the QAIC scheduler's "
-            "`schedule`, the runner's `execute_model` (less device time and sampling) and its `_sample`; the rest "
-            "is vLLM's engine core and output processing.\n\n" + host_breakdown(results)
+            f"steps with every slot busy ({host_rows or 'n/a'}). The split uses the phases the stack reports: "
+            "the QAIC scheduler's `schedule`, the runner's step (less device time and sampling) and its "
+            "sampling; the rest is vLLM's engine core and output processing.\n\n" + host_breakdown(results)
         ),
         "hf_baseline": (
             f"transformers `generate` (greedy, {dtype}, torch threads: {hf.get('threads', '?')}, the faster of one "
@@ -93,7 +94,7 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             "transformers: both compute the small model on this CPU, so this compares the stacks, not devices."
         ),
         "timing_model": (
-            "`qaic_sim.fidelity.fidelity_rows()`: the simulator's roofline timing model against every published "
+            "`qaic-sim fidelity --json`: the simulator's roofline timing model against every published "
             "Cloud AI 100 decode rate (batch 1, prompt 1024, generate 1024, ctx 2048). Computed, not timed."
         ),
         "startup_s": (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from qaic_vllm.bench.server import ServeShape, Workload
+from qaic_bench.server import ServeShape, Workload
 
 DEFAULT_PACE_AS = "llama-2-7b"
 """The realistic shape the simulator is paced to by default (QAIC_SIM_PACE_AS)."""

@@ -172,7 +172,7 @@ def render_markdown(report: BenchReport) -> str:
 
 def write_report(report: BenchReport, out_dir: Path) -> dict[str, Path]:
     """Write report.json, report.md and report.png into ``out_dir``; return their paths."""
-    from qaic_vllm.bench.plot import write_plot
+    from qaic_bench.plot import write_plot
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "png": out_dir / "report.png"}

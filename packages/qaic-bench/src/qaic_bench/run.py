@@ -11,13 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from qaic_vllm.bench import methods
-from qaic_vllm.bench.child import run_in_child
-from qaic_vllm.bench.machine import git_commit, machine_info
-from qaic_vllm.bench.report import BenchReport, ratio
-from qaic_vllm.bench.server import VllmServer, bench_serve
-from qaic_vllm.bench.settings import BenchSettings
-from qaic_vllm.bench.startup import qpc_ready_seconds
+from qaic_bench import methods
+from qaic_bench.child import run_in_child
+from qaic_bench.machine import git_commit, machine_info
+from qaic_bench.report import BenchReport, ratio
+from qaic_bench.server import VllmServer, bench_serve
+from qaic_bench.settings import BenchSettings
+from qaic_bench.startup import qpc_ready_seconds
+from qaic_bench.timing_model import timing_model_rows
 
 log = logging.getLogger("qaic.bench")
 
@@ -176,11 +177,8 @@ class Runner:
         self.report.data["host_overhead_us"] = figures
 
     def part_timing_model(self) -> None:
-        """The simulator's timing model against every published decode figure."""
-        from qaic_sim.fidelity import fidelity_rows
-
-        keys = ("card", "model", "precision", "published_tok_s", "modelled_tok_s", "error_pct")
-        self.report.data["timing_model"] = [{k: row[k] for k in keys} for row in fidelity_rows()]
+        """The simulator's timing model against every published decode figure (``qaic-sim fidelity``)."""
+        self.report.data["timing_model"] = timing_model_rows(self.env)
 
     def run(self) -> BenchReport:
         self.report.data["machine"] = machine_info()

@@ -1,6 +1,6 @@
 """Runs one measurement in a fresh process, so each gets its own environment (pacing) and engine.
 
-``python -m qaic_vllm.bench.child JOB.json RESULT.json``: JOB holds ``kind`` (raw, host, hf) and
+``python -m qaic_bench.child JOB.json RESULT.json``: JOB holds ``kind`` (raw, host, hf) and
 ``args``; RESULT receives the measurement as JSON.
 """
 
@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qaic_vllm.bench.server import ServeShape, tail
+from qaic_bench.server import ServeShape, tail
 
 log = logging.getLogger("qaic.bench")
 
 
 def _run_job(kind: str, args: dict[str, Any]) -> dict[str, Any]:
     if kind == "raw":
-        from qaic_vllm.bench.stack import raw_session_loop
+        from qaic_bench.stack import raw_session_loop
 
         return raw_session_loop(
             Path(args["model"]),
@@ -33,7 +33,7 @@ def _run_job(kind: str, args: dict[str, Any]) -> dict[str, Any]:
             args["output_len"],
         )
     if kind == "host":
-        from qaic_vllm.bench.host import host_overhead
+        from qaic_bench.host import host_overhead
 
         return host_overhead(
             Path(args["model"]),
@@ -43,7 +43,7 @@ def _run_job(kind: str, args: dict[str, Any]) -> dict[str, Any]:
             args["output_len"],
         )
     if kind == "hf":
-        from qaic_vllm.bench.hf import hf_generate_tok_s
+        from qaic_bench.hf import hf_generate_tok_s
 
         return hf_generate_tok_s(
             Path(args["model"]), args["input_lens"], args["output_len"], args["batch"], args["dtype"]
@@ -54,7 +54,7 @@ def _run_job(kind: str, args: dict[str, Any]) -> dict[str, Any]:
 def run_in_child(
     kind: str, args: Mapping[str, Any], env: Mapping[str, str], work_dir: Path, timeout_s: float = 900.0
 ) -> dict[str, Any]:
-    """Run a job in ``python -m qaic_vllm.bench.child`` with ``env``; its result, or an error with its log."""
+    """Run a job in ``python -m qaic_bench.child`` with ``env``; its result, or an error with its log."""
     work_dir.mkdir(parents=True, exist_ok=True)
     job, result, log_path = (
         work_dir / f"{kind}-job.json",
@@ -65,7 +65,7 @@ def run_in_child(
     result.unlink(missing_ok=True)
     with log_path.open("wb") as handle:
         proc = subprocess.run(
-            [sys.executable, "-m", "qaic_vllm.bench.child", str(job), str(result)],
+            [sys.executable, "-m", "qaic_bench.child", str(job), str(result)],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env=dict(env),
@@ -83,7 +83,7 @@ def run_in_child(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m qaic_vllm.bench.child JOB.json RESULT.json", file=sys.stderr)
+        print("usage: python -m qaic_bench.child JOB.json RESULT.json", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=os.environ.get("QAIC_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s"

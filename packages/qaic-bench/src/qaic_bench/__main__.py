@@ -1,4 +1,4 @@
-"""``python -m qaic_vllm.bench --out DIR [--quick]``: measure, then write report.json/.md/.png."""
+"""``python -m qaic_bench --out DIR [--quick]``: measure, then write report.json/.md/.png."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 import sys
 from pathlib import Path
 
-from qaic_vllm.bench.settings import DEFAULT_PACE_AS, BenchSettings
+from qaic_bench.settings import DEFAULT_PACE_AS, BenchSettings
 
 log = logging.getLogger("qaic.bench")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m qaic_vllm.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m qaic_bench", description=__doc__)
     parser.add_argument(
         "--out", type=Path, required=True, help="directory for report.json, report.md, report.png"
     )
@@ -44,8 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    from qaic_vllm.bench.report import validate, write_report
-    from qaic_vllm.bench.run import Runner
+    from qaic_bench.report import validate, write_report
+    from qaic_bench.run import Runner
 
     settings = BenchSettings.quick(args.pace_as) if args.quick else BenchSettings.full(args.pace_as)
     if args.model is not None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from qaic_vllm.bench.report import (
+from qaic_bench.report import (
     REPORT_KEYS,
     BenchReport,
     median_abs_error,

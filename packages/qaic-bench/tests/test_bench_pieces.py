@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from qaic_vllm.bench import methods
-from qaic_vllm.bench.child import run_in_child
-from qaic_vllm.bench.host import DeviceClock, breakdown, instrument_sessions
-from qaic_vllm.bench.machine import git_commit, machine_info
-from qaic_vllm.bench.run import bench_env
-from qaic_vllm.bench.server import ServeShape, free_port
-from qaic_vllm.bench.settings import BenchSettings
-from qaic_vllm.bench.stack import compile_settings, qpc_dirs, random_prompts
-from qaic_vllm.bench.startup import qpc_ready_seconds
-from qaic_vllm.bench.timers import PhaseTimers
+from qaic_bench import methods
+from qaic_bench.child import run_in_child
+from qaic_bench.host import PHASES, DeviceClock, breakdown, observing
+from qaic_bench.machine import git_commit, machine_info
+from qaic_bench.report import TIMING_ROW_KEYS
+from qaic_bench.run import bench_env
+from qaic_bench.server import ServeShape, free_port
+from qaic_bench.settings import BenchSettings
+from qaic_bench.stack import compile_settings, qpc_dirs, random_prompts
+from qaic_bench.startup import qpc_ready_seconds
+from qaic_bench.timers import PhaseTimers
+from qaic_bench.timing_model import timing_model_rows
+from qaic_core import get_plugin_manager
+from qaic_core.observe import StepRecord
 
 
 def _vllm_config(shape: ServeShape, dtype: str) -> SimpleNamespace:
@@ -49,28 +52,32 @@ def test_raw_loop_compiles_what_the_engine_compiles(
     assert compile_settings(shape, dtype) == engine.compile
 
 
-def test_device_clock_tells_prefill_from_decode() -> None:
+def test_device_clock_tells_full_decode_steps_from_prefill() -> None:
     clock = DeviceClock()
-    clock.classify({"input_ids": np.zeros((1, 64), np.int64), "position_ids": np.zeros((1, 64), np.int64)})
-    decode_pos = np.array([[5], [-1], [7], [9]], np.int64)
-    clock.classify({"input_ids": np.zeros((4, 1), np.int64), "position_ids": decode_pos})
-    clock.add(0.25)
-    clock.add(0.5)
-    assert (clock.prefill_runs, clock.decode_runs, clock.decode_rows, clock.seconds) == (1, 1, [3], 0.75)
+    clock.run_submitted({"input_ids": np.zeros((4, 1), np.int64)}, 0, 0.25)
+    clock.run_waited(0, 0.5)
+    clock.phase("runner", 1.0)
+    clock.step(StepRecord(decode_rows=4, prefill_tokens=0, running=4))
+    assert clock.seconds == 0.75 and clock.phases.seconds == {"runner": 1.0}
+    assert clock.full_decode(4) and not clock.full_decode(8)
     clock.reset()
-    assert (clock.prefill_runs, clock.decode_runs, clock.decode_rows, clock.seconds) == (0, 0, [], 0.0)
+    assert (clock.seconds, clock.steps, dict(clock.phases.seconds)) == (0.0, [], {})
+    assert not clock.full_decode(4)  # no step ran
+    clock.step(StepRecord(decode_rows=3, prefill_tokens=16, running=4))
+    assert not clock.full_decode(3)  # a prefill chunk ran beside the decode
 
 
-def test_instrumenting_sessions_is_undone() -> None:
-    from qaic_aot import session as session_mod
-
-    submit, wait = session_mod.QAICInferenceSession.submit, session_mod.RunHandle.wait
-    undo = instrument_sessions(DeviceClock())
-    assert session_mod.QAICInferenceSession.submit is not submit
-    assert session_mod.RunHandle.wait is not wait
-    undo()
-    assert session_mod.QAICInferenceSession.submit is submit
-    assert session_mod.RunHandle.wait is wait
+def test_observing_registers_the_observer_only_inside_the_block() -> None:
+    clock = DeviceClock()
+    pm = get_plugin_manager()
+    assert clock not in pm.observers().observers
+    with observing(clock) as plugin:
+        assert pm.is_registered(plugin)
+        assert clock in pm.observers().observers
+        pm.observers().phase("schedule", 0.5)
+    assert not pm.is_registered(plugin)
+    assert clock not in pm.observers().observers
+    assert clock.phases.seconds == {"schedule": 0.5}
 
 
 def test_random_prompts_have_the_lengths_asked_and_no_special_ids() -> None:
@@ -130,24 +137,22 @@ def test_machine_and_commit() -> None:
     assert isinstance(dirty, bool)
 
 
-class _Worker:
-    def step(self, n: int) -> int:
-        time.sleep(0.01)
-        return self.step(n - 1) + 1 if n > 0 else 0
-
-
-def test_phase_timers_count_outer_calls_and_undo() -> None:
+def test_phase_timers_sum_reports_and_name_missing_phases() -> None:
     timers = PhaseTimers()
-    original = _Worker.__dict__["step"]
-    assert timers.wrap(_Worker, "step", "work")
-    assert not timers.wrap(_Worker, "absent", "x")
-    assert timers.missing == ["_Worker.absent"]
-    assert _Worker().step(2) == 2  # three nested calls of 10 ms: one outer call of about 30 ms
-    assert 0.03 <= timers.seconds["work"] < 0.3
+    timers.add("schedule", 0.25)
+    timers.add("schedule", 0.5)
+    timers.add("sampling", 0.125)
+    assert timers.seconds == {"schedule": 0.75, "sampling": 0.125}
     timers.reset()
     assert timers.seconds == {}
-    timers.undo()
-    assert _Worker.__dict__["step"] is original
+    assert timers.missing(PHASES) == ["runner"]  # reported phases stay known after a reset
+
+
+def test_timing_model_rows_come_from_the_qaic_sim_command() -> None:
+    rows = timing_model_rows()
+    assert len(rows) >= 10
+    assert all(set(row) == set(TIMING_ROW_KEYS) for row in rows)
+    assert {"Ultra", "Standard"} <= {row["card"] for row in rows}
 
 
 def test_breakdown_splits_host_time() -> None:

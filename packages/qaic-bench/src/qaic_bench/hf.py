@@ -24,7 +24,7 @@ def hf_generate_tok_s(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from qaic_vllm.bench.stack import random_prompts
+    from qaic_bench.stack import random_prompts
 
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.eval()

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from qaic_bench.server import ServeShape
 from qaic_core.settings import CompileSettings
-from qaic_vllm.bench.server import ServeShape
 
 log = logging.getLogger("qaic.bench")
 
