@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
+from qaic_core.runtime import AicApiModule, QaicrtModule, Qpc, Status
 from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, QStatus
 
 
@@ -31,7 +30,7 @@ def program_dir(qpc_path: Path | str) -> Path:
     return program.parent
 
 
-def status_name(status: Any) -> str:
+def status_name(status: Status) -> str:
     """The QStatus name of a runtime status (SUCCESS, INVAL, ...), whatever enum the runtime uses."""
     try:
         return QStatus(int(status)).name
@@ -39,14 +38,14 @@ def status_name(status: Any) -> str:
         return str(status)
 
 
-def check(status: Any, what: str) -> None:
+def check(status: Status, what: str) -> None:
     """Raise ``QaicRuntimeError`` naming the call and the status unless it is SUCCESS."""
     code = int(status)
     if code != QStatus.SUCCESS:
         raise QaicRuntimeError(f"{what} failed with status {status_name(code)} ({code})", status=code)
 
 
-def read_program_io(runtime: ModuleType, aicapi: ModuleType, qpc: Any) -> ProgramIo:
+def read_program_io(runtime: QaicrtModule, aicapi: AicApiModule, qpc: Qpc) -> ProgramIo:
     """Parse ``qpc.getIoDescriptor()`` with the backend's ``IoDesc`` message."""
     status, data = qpc.getIoDescriptor()
     check(status, "Qpc.getIoDescriptor")
@@ -74,6 +73,6 @@ def read_program_io(runtime: ModuleType, aicapi: ModuleType, qpc: Any) -> Progra
     return ProgramIo(bindings, allowed)
 
 
-def load_program_io(runtime: ModuleType, aicapi: ModuleType, qpc_path: Path | str) -> ProgramIo:
+def load_program_io(runtime: QaicrtModule, aicapi: AicApiModule, qpc_path: Path | str) -> ProgramIo:
     """Bindings and allowed shapes of a compiled program on disk (no device needed)."""
     return read_program_io(runtime, aicapi, runtime.Qpc(str(program_dir(qpc_path))))

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from qaic_core import get_plugin_manager
 from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_core.observe import Observer
+from qaic_core.runtime import ExecObj, SlicingSpecHandle
 from qaic_core.types import Binding, Direction, QStatus
 
 log = logging.getLogger("qaic.aot.session")
@@ -96,10 +96,10 @@ class QAICInferenceSession:
         self.program = rt.Program(self.context, device, self.qpc, props)
         check(self.program.load(), "Program.load")
         self.num_exec_objects = num_exec_objects
-        self._exec: list[Any] = []
+        self._exec: list[ExecObj] = []
         self._busy = [threading.Lock() for _ in range(num_exec_objects)]
         self._buffers: dict[str, np.ndarray] = {}
-        self._slicing_handles: dict[str, Any] = {}
+        self._slicing_handles: dict[str, SlicingSpecHandle] = {}
         # Observers see every run handed over and waited for; None (no timing at all) when there are none.
         observer = get_plugin_manager().observers() if observer is None else observer
         self._observer: Observer | None = observer if observer else None
@@ -265,9 +265,9 @@ class QAICInferenceSession:
                 )
         finally:
             self._busy[exec_index].release()
-        for binding, arr in pairs:
-            name = self._bindings[binding].name
-            if name in slices and self._bindings[binding].dir == Direction.OUT:
+        for index, arr in pairs:
+            name = self._bindings[index].name
+            if name in slices and self._bindings[index].dir == Direction.OUT:
                 np.copyto(slices[name], arr, casting="unsafe")
         return {
             b.name: arr

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING
+
+from qaic_core.runtime import AicApiModule, QaicrtModule
 
 if TYPE_CHECKING:
     from qaic_core.execution import ExecutionConfig, PagedStepModel, StepModel
@@ -15,16 +16,16 @@ if TYPE_CHECKING:
 class DeviceBackend:
     """A source of Cloud AI devices: the real ``qaicrt`` runtime or the simulator.
 
-    ``runtime`` returns a module with the real ``qaicrt`` names (QIDList, Context, Queue, Qpc,
-    Program, ExecObj, Util, QStatus, ...); ``aicapi`` returns the module whose ``IoDesc``
-    parses ``Qpc.getIoDescriptor()`` bytes; ``compiler`` takes ``qaic-compile`` argv
+    ``runtime`` returns a module following :class:`qaic_core.runtime.QaicrtModule` (the real
+    ``qaicrt`` names); ``aicapi`` returns one following :class:`qaic_core.runtime.AicApiModule`,
+    whose ``IoDesc`` parses ``Qpc.getIoDescriptor()`` bytes; ``compiler`` takes ``qaic-compile`` argv
     (without the program name) and raises on failure.
     """
 
     name: str
     package: str
-    runtime: Callable[[], ModuleType]
-    aicapi: Callable[[], ModuleType]
+    runtime: Callable[[], QaicrtModule]
+    aicapi: Callable[[], AicApiModule]
     is_available: Callable[[], bool] = lambda: True
     compiler: Callable[[Sequence[str]], None] | None = None
     priority: int = 0

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qaic_core import runtime
 from qaic_core.types import Binding, Direction
 from qaic_sim import faults, trace
-from qaic_sim.buffers import BufferDimensionsVecRef, QBuffer
+from qaic_sim.buffers import QBuffer
 from qaic_sim.program import Program, SlicingSpecHandle
 from qaic_sim.status import Failure, QStatus
 from qaic_sim.topology import get_topology
@@ -49,7 +50,7 @@ class ExecObj:
 
     # -- binding buffers -----------------------------------------------------------------
     def setData(
-        self, buffers: Sequence[Any], dims: BufferDimensionsVecRef | Sequence[Any] | None = None
+        self, buffers: Sequence[Any], dims: runtime.BufferDimensionsVecRef | Sequence[Any] | None = None
     ) -> QStatus:
         """``setData(qbuffers, dims)`` or the zero-copy ``setData([(binding_index, ndarray), ...])``."""
         try:

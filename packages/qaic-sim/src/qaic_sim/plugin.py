@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 from qaic_core import hookimpl
 from qaic_core.descriptors import DeviceBackend
+from qaic_core.runtime import AicApiModule, QaicrtModule
 
 CAPABILITIES = frozenset(
     {
@@ -24,16 +25,25 @@ CAPABILITIES = frozenset(
 )
 
 
-def runtime() -> ModuleType:
+def runtime() -> QaicrtModule:
     from qaic_sim import qaicrt
 
     return qaicrt
 
 
-def aicapi() -> ModuleType:
+def aicapi() -> AicApiModule:
     from qaic_sim import aicapi as module
 
     return module
+
+
+if TYPE_CHECKING:
+    # The simulator is the reference implementation of the runtime contract: a drift is a mypy error.
+    from qaic_sim import aicapi as _aicapi_module
+    from qaic_sim import qaicrt as _qaicrt_module
+
+    _RUNTIME_CONTRACT: QaicrtModule = _qaicrt_module
+    _AICAPI_CONTRACT: AicApiModule = _aicapi_module
 
 
 def compile_qpc(args: Sequence[str]) -> None:

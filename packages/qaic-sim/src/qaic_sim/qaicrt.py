@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import SupportsInt
 
 from qaic_core.errors import QaicRuntimeError
 from qaic_sim import faults
@@ -61,7 +62,7 @@ class Context:
         self.devices = ids
         self.logLevel = QLogLevel.QL_WARN
 
-    def setLogLevel(self, level: int) -> QStatus:
+    def setLogLevel(self, level: SupportsInt) -> QStatus:
         self.logLevel = QLogLevel(int(level))
         if self.logLevel == QLogLevel.QL_DEBUG:
             logging.getLogger("qaic.sim").setLevel(logging.DEBUG)

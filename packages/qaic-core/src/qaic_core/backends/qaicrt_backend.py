@@ -10,10 +10,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import cast
 
 from qaic_core import hookimpl
 from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicError
+from qaic_core.runtime import AicApiModule, QaicrtModule
 
 SDK_ROOT = Path(os.environ.get("QAIC_SDK_ROOT", "/opt/qti-aic"))
 SDK_PYTHON_DIR = SDK_ROOT / "dev" / "lib" / "x86_64"
@@ -26,12 +28,15 @@ def _import(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def runtime() -> ModuleType:
-    return _import("qaicrt")
+# The SDK's modules are compiled and untyped: the casts are checked at run time by the
+# conformance suite (``python -m qaic_core.testing --backend qaicrt``), which finds every
+# member of the Protocols on them.
+def runtime() -> QaicrtModule:
+    return cast(QaicrtModule, _import("qaicrt"))
 
 
-def aicapi() -> ModuleType:
-    return _import("QAicApi_pb2")
+def aicapi() -> AicApiModule:
+    return cast(AicApiModule, _import("QAicApi_pb2"))
 
 
 def is_available() -> bool:

@@ -8,30 +8,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
 from qaic_core import qpc as layout
+from qaic_core import runtime as contract
 from qaic_core.descriptors import CAPABILITIES, DeviceBackend
+from qaic_core.runtime import AicApiModule, QaicrtModule, missing_members
 from qaic_core.testing.models import compile_accumulator
 from qaic_core.types import BUFFER_DTYPES, BufferType, QStatus
 
-RUNTIME_NAMES = [
-    "QIDList",
-    "Context",
-    "Queue",
-    "Qpc",
-    "QBuffer",
-    "BufferDimensionsVecRef",
-    "QAicProgramProperties",
-    "Program",
-    "ExecObj",
-    "Util",
-    "QStatus",
-]
+
+def assert_follows(obj: object, protocol: type) -> None:
+    """Fail naming each member of ``protocol`` (a :mod:`qaic_core.runtime` Protocol) that ``obj`` lacks."""
+    missing = missing_members(obj, protocol)
+    name = getattr(obj, "__name__", None)  # a module or class; else the instance's class
+    what = name if isinstance(name, str) else f"a {type(obj).__name__}"
+    assert not missing, f"{protocol.__name__}: {what} lacks {', '.join(missing)}"
 
 
 def test_backend_is_available(backend: DeviceBackend) -> None:
@@ -39,24 +34,36 @@ def test_backend_is_available(backend: DeviceBackend) -> None:
     assert backend.capabilities <= CAPABILITIES, backend.capabilities - CAPABILITIES
 
 
-def test_runtime_has_qaicrt_names(qaicrt: ModuleType) -> None:
-    missing = [n for n in RUNTIME_NAMES if not hasattr(qaicrt, n)]
-    assert not missing, f"runtime lacks {missing}"
+def test_runtime_has_qaicrt_names(qaicrt: QaicrtModule, aicapi: AicApiModule) -> None:
+    assert_follows(qaicrt, QaicrtModule)
+    assert_follows(aicapi, AicApiModule)
 
 
-def test_status_codes_match_the_runtime(qaicrt: ModuleType) -> None:
+def test_runtime_objects_follow_the_contract(qaicrt: QaicrtModule, aicapi: AicApiModule) -> None:
+    # What the runtime makes without a program; the session objects are checked below.
+    assert_follows(qaicrt.QStatus, contract.StatusCodes)
+    assert_follows(qaicrt.QLogLevel, contract.LogLevels)
+    assert_follows(qaicrt.Util(), contract.Util)
+    assert_follows(qaicrt.QAicProgramProperties(), contract.QAicProgramProperties)
+    assert_follows(qaicrt.QBuffer(bytes(4)), contract.QBuffer)
+    assert_follows(aicapi.IoDesc(), contract.IoDesc)
+
+
+def test_status_codes_match_the_runtime(qaicrt: QaicrtModule) -> None:
     # The real runtime spells its codes QS_SUCCESS, QS_NOMEM, ... (as QEfficient compares them).
     for status in QStatus:
         assert int(getattr(qaicrt.QStatus, f"QS_{status.name}")) == status.value, status
 
 
-def test_devices_are_listed_with_resources(qaicrt: ModuleType) -> None:
+def test_devices_are_listed_with_resources(qaicrt: QaicrtModule) -> None:
     util = qaicrt.Util()
     status, ids = util.getDeviceIds()
     assert status == qaicrt.QStatus.QS_SUCCESS
     assert len(ids) >= 1
     status, info = util.getResourceInfo(ids[0])
     assert status == qaicrt.QStatus.QS_SUCCESS
+    assert info is not None
+    assert_follows(info, contract.QResourceInfo)
     assert info.nspTotal >= 1 and 0 <= info.nspFree <= info.nspTotal
     assert info.dramTotal > 0 and 0 <= info.dramFree <= info.dramTotal
 
@@ -73,14 +80,14 @@ def accumulator_qpc(backend: DeviceBackend, tmp_path_factory: pytest.TempPathFac
 class _Session:
     """The minimal QEfficient-style call sequence, written against the runtime names only."""
 
-    def __init__(self, qaicrt: ModuleType, aicapi: ModuleType, qpc_dir: Path) -> None:
+    def __init__(self, qaicrt: QaicrtModule, aicapi: AicApiModule, qpc_dir: Path) -> None:
         self.rt = qaicrt
         status, ids = qaicrt.Util().getDeviceIds()
         self.device = ids[0]
         self.ctx = qaicrt.Context(qaicrt.QIDList([self.device]))
         self.queue = qaicrt.Queue(self.ctx, self.device)
         self.qpc = qaicrt.Qpc(str(qpc_dir))
-        iodesc = aicapi.IoDesc()
+        self.iodesc = iodesc = aicapi.IoDesc()
         status, data = self.qpc.getIoDescriptor()
         assert status == qaicrt.QStatus.QS_SUCCESS
         iodesc.ParseFromString(bytes(data))
@@ -99,7 +106,8 @@ class _Session:
     def run(
         self, arrays: dict[str, Any], out_shapes: dict[str, list[int]]
     ) -> tuple[int, dict[str, np.ndarray]]:
-        buffers, dims = [], []
+        buffers: list[contract.QBuffer] = []
+        dims: list[tuple[int, list[int]]] = []
         for b in self.bindings:
             dtype = BUFFER_DTYPES[BufferType(b.type)]
             if b.dir == 0:
@@ -117,7 +125,7 @@ class _Session:
         if status != self.rt.QStatus.QS_SUCCESS:
             return int(status), {}
         status, outs = self.exe.getData()
-        result = {}
+        result: dict[str, np.ndarray] = {}
         for b, buf, (_, shape) in zip(self.bindings, outs, dims, strict=True):
             if b.dir == 1 and int(np.prod(shape)) > 0:
                 result[b.name] = np.frombuffer(bytes(buf), dtype=BUFFER_DTYPES[BufferType(b.type)]).reshape(
@@ -129,8 +137,32 @@ class _Session:
         self.program.deactivate()
 
 
+@pytest.mark.requires("compile")
+def test_session_objects_follow_the_contract(
+    qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path
+) -> None:
+    s = _Session(qaicrt, aicapi, accumulator_qpc)
+    try:
+        for obj, protocol in [
+            (s.ctx, contract.Context),
+            (s.queue, contract.Queue),
+            (s.qpc, contract.Qpc),
+            (s.program, contract.Program),
+            (s.exe, contract.ExecObj),
+            (s.iodesc.selected_set, contract.IoSet),
+            (s.bindings[0], contract.IoBinding),
+            (s.iodesc.allowed_shapes[0], contract.AllowedShapes),
+            (s.iodesc.allowed_shapes[0].shapes[0], contract.Shape),
+        ]:
+            assert_follows(obj, protocol)
+    finally:
+        s.close()
+
+
 @pytest.mark.requires("compile", "retained_state")
-def test_retained_state_round_trips(qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path) -> None:
+def test_retained_state_round_trips(
+    qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path
+) -> None:
     s = _Session(qaicrt, aicapi, accumulator_qpc)
     try:
         assert len(s.allowed_shapes) == 2
@@ -165,7 +197,7 @@ def test_retained_state_round_trips(qaicrt: ModuleType, aicapi: ModuleType, accu
 
 @pytest.mark.requires("compile")
 def test_unmatched_shapes_fail_the_wait(
-    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+    qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path
 ) -> None:
     s = _Session(qaicrt, aicapi, accumulator_qpc)
     try:
@@ -182,14 +214,14 @@ def test_unmatched_shapes_fail_the_wait(
         s.close()
 
 
-def _ok(qaicrt: ModuleType) -> int:
+def _ok(qaicrt: QaicrtModule) -> int:
     """The runtime's success code, ``QStatus.QS_SUCCESS``."""
     return int(qaicrt.QStatus.QS_SUCCESS)
 
 
 @pytest.mark.requires("compile")
 def test_iodesc_bindings_are_consistent(
-    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+    qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path
 ) -> None:
     iodesc = aicapi.IoDesc()
     status, data = qaicrt.Qpc(str(accumulator_qpc)).getIoDescriptor()
@@ -212,7 +244,7 @@ def test_iodesc_bindings_are_consistent(
 
 @pytest.mark.requires("compile", "retained_state")
 def test_zero_copy_setdata_fills_outputs_in_place(
-    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+    qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path
 ) -> None:
     s = _Session(qaicrt, aicapi, accumulator_qpc)
     try:
@@ -234,7 +266,7 @@ def test_zero_copy_setdata_fills_outputs_in_place(
 
 @pytest.mark.requires("compile", "retained_state", "slicing")
 def test_slices_write_one_slot_of_retained_state(
-    qaicrt: ModuleType, aicapi: ModuleType, accumulator_qpc: Path
+    qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path
 ) -> None:
     s = _Session(qaicrt, aicapi, accumulator_qpc)
     try:
@@ -264,26 +296,29 @@ def test_slices_write_one_slot_of_retained_state(
 
 
 @pytest.mark.requires("compile")
-def test_resources_follow_activate_and_unload(qaicrt: ModuleType, accumulator_qpc: Path) -> None:
+def test_resources_follow_activate_and_unload(qaicrt: QaicrtModule, accumulator_qpc: Path) -> None:
     util = qaicrt.Util()
     _, ids = util.getDeviceIds()
     device = ids[0]
     ctx = qaicrt.Context(qaicrt.QIDList([device]))
     _, before = util.getResourceInfo(device)
+    assert before is not None
     program = qaicrt.Program(ctx, device, qaicrt.Qpc(str(accumulator_qpc)), qaicrt.QAicProgramProperties())
     assert int(program.load()) == _ok(qaicrt)
     assert int(program.activate()) == _ok(qaicrt)
     _, active = util.getResourceInfo(device)
+    assert active is not None
     assert active.nspFree <= before.nspFree - 1  # compiled with -aic-num-cores=1
     program.deactivate()
     program.unload()
     _, after = util.getResourceInfo(device)
+    assert after is not None
     assert after.nspFree == before.nspFree and after.dramFree == before.dramFree
 
 
 @pytest.mark.requires("compile", "multi_device")
 def test_program_spans_two_devices(
-    qaicrt: ModuleType, aicapi: ModuleType, backend: DeviceBackend, tmp_path: Path
+    qaicrt: QaicrtModule, aicapi: AicApiModule, backend: DeviceBackend, tmp_path: Path
 ) -> None:
     _, ids = qaicrt.Util().getDeviceIds()
     if len(ids) < 2:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import pytest
 
 from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicBackendNotFoundError
 from qaic_core.manager import get_plugin_manager
+from qaic_core.runtime import AicApiModule, QaicrtModule
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,10 +40,10 @@ def _capability_gate(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(scope="session")
-def qaicrt(backend: DeviceBackend) -> ModuleType:
+def qaicrt(backend: DeviceBackend) -> QaicrtModule:
     return backend.runtime()
 
 
 @pytest.fixture(scope="session")
-def aicapi(backend: DeviceBackend) -> ModuleType:
+def aicapi(backend: DeviceBackend) -> AicApiModule:
     return backend.aicapi()
