@@ -1,4 +1,4 @@
-"""Every test starts from a fresh simulated topology: the default Ultra card, no faults, no tracing."""
+"""Every test starts from a fresh simulated machine: the default Ultra card, no faults, no tracing."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from qaic_sim import trace
-from qaic_sim.topology import reset_topology
+from qaic_sim.machine import reset_machine
 
 SIM_ENV = (
     "QAIC_SIM_CONFIG",
@@ -17,6 +16,7 @@ SIM_ENV = (
     "QAIC_SIM_PACE",
     "QAIC_SIM_PACE_AS",
     "QAIC_SIM_THREADS",
+    "QAIC_SIM_TIMING",
     "QAIC_VISIBLE_DEVICES",
 )
 
@@ -26,8 +26,6 @@ def fresh_topology(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts from the default Ultra card, no faults, no tracing, no env overrides."""
     for name in SIM_ENV:
         monkeypatch.delenv(name, raising=False)
-    trace.stop()
-    reset_topology()
+    reset_machine()
     yield
-    trace.stop()
-    reset_topology()
+    reset_machine()

@@ -9,9 +9,9 @@ import pytest
 from sim_programs import D, KvReference, compile_program, kv_specs, write_kv_model
 
 from qaic_core.errors import QaicConfigError
-from qaic_sim import faults, qaicrt
+from qaic_sim import qaicrt
+from qaic_sim.machine import get_machine, reset_machine
 from qaic_sim.qaicrt import QStatus
-from qaic_sim.topology import reset_topology
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ class Runner:
 def test_reset_fails_programs_on_that_qid_until_reloaded(kv: tuple[Path, np.ndarray]) -> None:
     qpc, w = kv
     a, b = Runner(qpc, 0), Runner(qpc, 1)
-    faults.inject("reset", qid=0, at=2)
+    get_machine().faults.inject("reset", qid=0, at=2)
     assert a.step(0)[0] == QStatus.SUCCESS
     assert a.step(1)[0] == QStatus.DEV_ERROR  # the reset hits this run
     status, _, _ = a.step(2)
@@ -68,8 +68,8 @@ def test_reset_fails_programs_on_that_qid_until_reloaded(kv: tuple[Path, np.ndar
 def test_timeout_and_dev_error_hit_the_nth_run(kv: tuple[Path, np.ndarray]) -> None:
     qpc, _ = kv
     r = Runner(qpc, 2)
-    faults.inject("timeout", qid=2, at=1)
-    faults.inject("dev_error", qid=2, at=3)
+    get_machine().faults.inject("timeout", qid=2, at=1)
+    get_machine().faults.inject("dev_error", qid=2, at=3)
     assert r.step()[0] == QStatus.TIMEDOUT
     assert r.step()[0] == QStatus.SUCCESS
     assert r.step()[0] == QStatus.DEV_ERROR
@@ -78,7 +78,7 @@ def test_timeout_and_dev_error_hit_the_nth_run(kv: tuple[Path, np.ndarray]) -> N
 
 def test_nomem_at_load(kv: tuple[Path, np.ndarray]) -> None:
     qpc, _ = kv
-    faults.inject("nomem", qid=3, at=1)
+    get_machine().faults.inject("nomem", qid=3, at=1)
     ctx = qaicrt.Context()
     program = qaicrt.Program(ctx, 3, qaicrt.Qpc(str(qpc)))
     assert program.load() == QStatus.NOMEM
@@ -91,14 +91,14 @@ def test_faults_from_env_and_config_file(
 ) -> None:
     qpc, _ = kv
     monkeypatch.setenv("QAIC_SIM_FAULTS", "dev_error@1:run=2")
-    reset_topology()
+    reset_machine()
     r = Runner(qpc, 1)
     assert [r.step()[0] for _ in range(3)] == [QStatus.SUCCESS, QStatus.DEV_ERROR, QStatus.SUCCESS]
     monkeypatch.delenv("QAIC_SIM_FAULTS")
     config = tmp_path / "sim.yaml"
     config.write_text("cards: [pro]\nfaults:\n  - {kind: timeout, qid: 0, run: 1}\n")
     monkeypatch.setenv("QAIC_SIM_CONFIG", str(config))
-    reset_topology()
+    reset_machine()
     r = Runner(qpc, 0)
     assert r.step()[0] == QStatus.TIMEDOUT
 
@@ -106,13 +106,13 @@ def test_faults_from_env_and_config_file(
 def test_reset_device_now_and_bad_fault_specs(kv: tuple[Path, np.ndarray]) -> None:
     qpc, _ = kv
     r = Runner(qpc, 0)
-    faults.reset_device(0)
+    get_machine().faults.reset_device(0)
     assert r.step()[0] == QStatus.DEV_ERROR
     with pytest.raises(QaicConfigError, match="kind must be one of"):
-        faults.inject("meltdown", qid=0)
+        get_machine().faults.inject("meltdown", qid=0)
     with pytest.raises(QaicConfigError, match="QID 9 does not exist"):
-        faults.inject("reset", qid=9)
+        get_machine().faults.inject("reset", qid=9)
     with pytest.raises(QaicConfigError, match=r"reset: QID 4 does not exist; devices: \[0, 1, 2, 3\]"):
-        faults.reset_device(4)
+        get_machine().faults.reset_device(4)
     with pytest.raises(QaicConfigError, match="unknown keys"):
-        faults.configure(({"kind": "reset", "qid": 0, "load": 1},))
+        get_machine().faults.configure(({"kind": "reset", "qid": 0, "load": 1},))

@@ -12,8 +12,8 @@ from sim_programs import D, KvReference, compile_program, kv_specs, write_kv_mod
 from qaic_core.errors import QaicRuntimeError
 from qaic_core.types import Specialization
 from qaic_sim import qaicrt, qpcfile
+from qaic_sim.machine import reset_machine
 from qaic_sim.qaicrt import QStatus
-from qaic_sim.topology import reset_topology
 
 GB = 2**30
 
@@ -38,7 +38,7 @@ def test_load_fails_with_nomem_when_ddr_is_short(
     manifest, _ = qpcfile.read_manifest(big_kv)
     assert 16 * GB < manifest.dram_bytes < 32 * GB
     monkeypatch.setenv("QAIC_SIM_TOPOLOGY", "standard")
-    reset_topology()
+    reset_machine()
     ctx = qaicrt.Context()
     program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(big_kv)))
     with caplog.at_level(logging.ERROR):
@@ -63,7 +63,7 @@ def test_ddr_is_accounted_and_freed_on_unload(big_kv: Path) -> None:
 
 def test_program_over_several_devices_splits_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QAIC_SIM_TOPOLOGY", "standard:2")
-    reset_topology()
+    reset_machine()
     onnx_path, _w = write_kv_model(tmp_path / "kv.onnx")
     qpc = compile_program(tmp_path / "p", onnx_path, kv_specs(fbs=128, ctx=2**22, prefill=4), mdp_devices=2)
     manifest, _ = qpcfile.read_manifest(qpc)

@@ -268,3 +268,28 @@ def test_weights_need_not_be_loaded(model: onnx.ModelProto, tmp_path: Path) -> N
     symbols = {"batch_size": 1, "seq_len": 4, "ctx_len": 16}
     kwargs = {"weight_bytes_per_param": 2.0, "kv_bytes_per_elem": 2.0}
     assert ProgramCost.from_onnx(light, symbols, **kwargs) == ProgramCost.from_onnx(model, symbols, **kwargs)
+
+
+def test_einsum_with_ellipsis_counts_the_broadcast_dims() -> None:
+    """``...`` stands for batch dims: they multiply the contraction's FLOPs instead of zeroing them."""
+    n = helper.make_node
+    nodes = [
+        n("Einsum", ["a", "b"], ["ab"], equation="...ij,jk->...ik"),
+        n("Einsum", ["a", "b2"], ["y"], equation="bhij,hjk->bhik"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "einsum",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4, 5]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [5, 6]),
+            helper.make_tensor_value_info("b2", TensorProto.FLOAT, [3, 5, 6]),
+        ],
+        [
+            helper.make_tensor_value_info("ab", TensorProto.FLOAT, [2, 3, 4, 6]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 6]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cost = ProgramCost.from_onnx(model, {}, weight_bytes_per_param=2.0, kv_bytes_per_elem=2.0)
+    assert cost.flops == 2 * (2 * 2 * 3 * 4 * 5 * 6)  # both spell the same contraction

@@ -15,7 +15,7 @@ from qaic_core.manager import get_plugin_manager
 from qaic_core.types import SKUS, SkuType
 from qaic_sim import aicapi, qaicrt
 from qaic_sim.config import load_config, parse_topology
-from qaic_sim.topology import reset_topology
+from qaic_sim.machine import reset_machine
 
 
 def test_default_is_one_ultra_card() -> None:
@@ -32,7 +32,7 @@ def test_default_is_one_ultra_card() -> None:
 def test_topology_string_and_sku_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_topology("standard:2,pro") == (SkuType.STANDARD, SkuType.STANDARD, SkuType.PRO)
     monkeypatch.setenv("QAIC_SIM_TOPOLOGY", "standard:2,ai080-ultra")
-    topo = reset_topology()
+    topo = reset_machine().topology
     assert [d.sku for d in topo.devices] == [SkuType.STANDARD] * 2 + [SkuType.AI080_ULTRA] * 4
     assert [d.card for d in topo.devices] == [0, 1, 2, 2, 2, 2]
     _, info = qaicrt.Util().getResourceInfo(2)
@@ -77,7 +77,7 @@ def test_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_visible_devices_filter_and_renumber(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("QAIC_SIM_TOPOLOGY", "standard,pro")
     monkeypatch.setenv("QAIC_VISIBLE_DEVICES", "1")
-    topo = reset_topology()
+    topo = reset_machine().topology
     assert qaicrt.Util().getDeviceIds()[1] == [0]
     assert topo.devices[0].sku == SkuType.PRO and topo.devices[0].physical_qid == 1
     onnx_path, _ = write_kv_model(tmp_path / "kv.onnx")
@@ -88,7 +88,7 @@ def test_visible_devices_filter_and_renumber(monkeypatch: pytest.MonkeyPatch, tm
     for bad in ("3", "0,0", "a"):
         monkeypatch.setenv("QAIC_VISIBLE_DEVICES", bad)
         with pytest.raises(QaicConfigError, match="QAIC_VISIBLE_DEVICES"):
-            reset_topology()
+            reset_machine()
     monkeypatch.delenv("QAIC_VISIBLE_DEVICES")
 
 
@@ -155,7 +155,7 @@ def test_every_simulator_variable_and_fault_kind_is_documented() -> None:
         pytest.skip("docs are not part of this checkout")
     text = page.read_text()
     names = [v for k, v in vars(config).items() if k.startswith("QAIC_SIM_") and isinstance(v, str)]
-    assert len(names) == 7
+    assert len(names) == 8
     for name in names:
         assert f"`{name}`" in text, name
     for kind in faults.KINDS:

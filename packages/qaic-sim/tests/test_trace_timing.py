@@ -12,10 +12,10 @@ from sim_programs import D, compile_program, kv_specs, write_kv_model
 
 from qaic_core.errors import QaicConfigError
 from qaic_core.types import SkuType
-from qaic_sim import qaicrt, timing, trace
+from qaic_sim import qaicrt, timing
 from qaic_sim.config import PACE_PRESETS, load_config
+from qaic_sim.machine import get_machine, reset_machine
 from qaic_sim.qaicrt import QStatus
-from qaic_sim.topology import reset_topology
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +57,9 @@ def _decode_runs(qpc: Path, n: int, qid: int = 0) -> list[float]:
 
 def test_trace_start_stop_writes_run_dirs_and_chrome_trace(kv: Path, tmp_path: Path) -> None:
     out = tmp_path / "lrt_trace_iter0_pid1"
-    trace.start(out)
+    get_machine().trace.start(out)
     _decode_runs(kv, 3)
-    path = trace.stop()
+    path = get_machine().trace.stop()
     assert path == out / "trace.json"
     runs = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert runs == ["lrt_trace_1", "lrt_trace_2", "lrt_trace_3"]
@@ -79,10 +79,10 @@ def test_trace_start_stop_writes_run_dirs_and_chrome_trace(kv: Path, tmp_path: P
 
 def test_trace_dir_from_env(kv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QAIC_SIM_TRACE_DIR", str(tmp_path / "env-trace"))
-    reset_topology()
+    reset_machine()
     _decode_runs(kv, 2)
     assert (tmp_path / "env-trace" / "lrt_trace_2" / "summary.json").is_file()
-    trace.stop()
+    get_machine().trace.stop()
     assert (tmp_path / "env-trace" / "trace.json").is_file()
 
 
@@ -106,7 +106,7 @@ def test_device_time_comes_from_the_timing_model(kv: Path) -> None:
 
 def test_pace_as_sleeps_for_the_modelled_time(kv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")
-    reset_topology()
+    reset_machine()
     cost = timing.ProgramCost.for_decoder(
         PACE_PRESETS["qwen2.5-0.5b"],
         batch=2,

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qaic_core.controls import FaultControl, TraceControl
 from qaic_core.runtime import AicApiModule, QaicrtModule
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ class DeviceBackend:
     ``runtime`` returns a module following :class:`qaic_core.runtime.QaicrtModule` (the real
     ``qaicrt`` names); ``aicapi`` returns one following :class:`qaic_core.runtime.AicApiModule`,
     whose ``IoDesc`` parses ``Qpc.getIoDescriptor()`` bytes; ``compiler`` takes ``qaic-compile`` argv
-    (without the program name) and raises on failure.
+    (without the program name) and raises on failure. ``trace`` and ``faults`` are the
+    typed controls behind the ``traces`` and ``faults`` capabilities (set exactly when claimed).
     """
 
     name: str
@@ -31,6 +33,8 @@ class DeviceBackend:
     priority: int = 0
     capabilities: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
+    trace: TraceControl | None = None
+    faults: FaultControl | None = None
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ qaic-sim fidelity [--json]         the timing model against every published deco
 
 
 def cmd_list(console: Console) -> int:
-    from qaic_sim.topology import get_topology
+    from qaic_sim.machine import get_machine
 
-    topo = get_topology()
+    topo = get_machine().topology
     table = Table(title=f"qaic-sim devices ({topo.config.source})")
     for col in ("QID", "phys", "SKU", "card", "SoC", "NSP free/total", "DRAM free/total (MB)", "runs"):
         table.add_column(col, justify="right" if col not in ("SKU",) else "left")

@@ -1,7 +1,8 @@
-"""The simulator's ``qaic-compile``: validates the real flags and writes ``qpc/programqpc.bin``."""
+"""The simulator's ``qaic-compile``: checks the real flags, models run costs, writes ``qpc/programqpc.bin``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -16,8 +17,10 @@ from onnx import TensorProto
 from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError, QaicError
 from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, Specialization
-from qaic_sim import aicapi, mx, transforms
+from qaic_sim import aicapi, costing, mx, transforms
 from qaic_sim.compiler_flags import CompileOptions, parse_argv
+from qaic_sim.config import QAIC_SIM_TIMING
+from qaic_sim.machine import get_machine
 from qaic_sim.qpcfile import ProgramManifest, SpecShapes, write_program
 
 log = logging.getLogger("qaic.sim.compiler")
@@ -85,6 +88,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
         argv=opts.argv,
         source_model=str(opts.model.resolve()),
     )
+    manifest = _with_costs(manifest, model, opts.model)
     extra = {layout.SPECIALIZATIONS_FILE: _specs_json(specs).encode()}
     if opts.custom_io is not None:
         extra[layout.CUSTOM_IO_FILE] = opts.custom_io.read_bytes()
@@ -100,6 +104,18 @@ def compile_argv(argv: Sequence[str]) -> Path:
         time.perf_counter() - start,
     )
     return path
+
+
+def _with_costs(manifest: ProgramManifest, model: onnx.ModelProto, source: Path) -> ProgramManifest:
+    """Model every specialization's run cost once, here: a program that cannot be timed fails to compile."""
+    if not get_machine().config.timing:
+        log.info("%s=0: %s is compiled without modelled run costs", QAIC_SIM_TIMING, source)
+        return manifest
+    costs = costing.program_costs(model, manifest, str(source))
+    specs = tuple(
+        dataclasses.replace(s, cost=c.to_json()) for s, c in zip(manifest.specs, costs, strict=True)
+    )
+    return dataclasses.replace(manifest, specs=specs)
 
 
 def _check_executable(model_bytes: bytes, source: Path) -> None:

@@ -2,7 +2,7 @@
 
 Precedence: built-in defaults < ``QAIC_SIM_CONFIG`` file (YAML or JSON) < single env vars
 (``QAIC_SIM_TOPOLOGY``, ``QAIC_SIM_FAULTS``, ``QAIC_SIM_TRACE_DIR``, ``QAIC_SIM_PACE``,
-``QAIC_SIM_PACE_AS``, ``QAIC_SIM_THREADS``).
+``QAIC_SIM_PACE_AS``, ``QAIC_SIM_THREADS``, ``QAIC_SIM_TIMING``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ QAIC_SIM_TRACE_DIR = "QAIC_SIM_TRACE_DIR"
 QAIC_SIM_PACE = "QAIC_SIM_PACE"
 QAIC_SIM_PACE_AS = "QAIC_SIM_PACE_AS"
 QAIC_SIM_THREADS = "QAIC_SIM_THREADS"
+QAIC_SIM_TIMING = "QAIC_SIM_TIMING"
 
 DEFAULT_TOPOLOGY = "ultra"
 _SKU_ALIASES = {
@@ -62,7 +63,7 @@ PACE_PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Model shapes ``pace_as`` accepts by name (public Hugging Face configs, sizes only)."""
 
-_FILE_KEYS = {"cards", "faults", "trace_dir", "pace", "pace_as", "threads"}
+_FILE_KEYS = {"cards", "faults", "trace_dir", "pace", "pace_as", "threads", "timing"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class SimConfig:
     pace: bool = False
     pace_as: str | None = None
     threads: int = 0
+    timing: bool = True
+    """Model each run's device time; off, runs report 0 s and cannot be paced."""
     source: str = "defaults"
 
 
@@ -189,6 +192,13 @@ def load_config(environ: Mapping[str, str] | None = None) -> SimConfig:
         values["pace_as"] = env[QAIC_SIM_PACE_AS].strip()
     if env.get(QAIC_SIM_THREADS, "").strip():
         values["threads"] = _threads(env[QAIC_SIM_THREADS], QAIC_SIM_THREADS)
+    if env.get(QAIC_SIM_TIMING, "").strip():
+        values["timing"] = env_flag(QAIC_SIM_TIMING, True, env)
+    if values.get("timing") is False and (values.get("pace") or values.get("pace_as")):
+        raise QaicConfigError(
+            f"pacing ({QAIC_SIM_PACE} / {QAIC_SIM_PACE_AS}) sleeps for the modelled device time, but "
+            f"{QAIC_SIM_TIMING}=0 turns the timing model off: turn pacing off or timing on"
+        )
     if values.get("pace_as"):
         pace_as_config(values["pace_as"])  # fail at start-up, not at the first run
     return SimConfig(**values, source=", ".join(sources) or "defaults")
@@ -260,4 +270,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         out["pace_as"] = str(data["pace_as"])
     if "threads" in data:
         out["threads"] = _threads(data["threads"], where)
+    if "timing" in data:
+        if not isinstance(data["timing"], bool):
+            raise QaicConfigError(f"{where}: 'timing' must be true or false")
+        out["timing"] = data["timing"]
     return out

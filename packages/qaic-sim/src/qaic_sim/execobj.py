@@ -14,11 +14,11 @@ import numpy as np
 
 from qaic_core import runtime
 from qaic_core.types import Binding, Direction
-from qaic_sim import faults, trace
+from qaic_sim import trace
 from qaic_sim.buffers import QBuffer
+from qaic_sim.costing import TimingModelError
 from qaic_sim.program import Program, SlicingSpecHandle
 from qaic_sim.status import Failure, QStatus
-from qaic_sim.topology import get_topology
 
 if TYPE_CHECKING:
     from qaic_sim.qaicrt import Context
@@ -249,14 +249,19 @@ class ExecObj:
             raise Failure(QStatus.INVAL, image.allowed_text(shapes))
         spec = image.manifest.specs[k]
         self.lastSpecialization = spec.name
+        machine = program.machine
         for dev in program.devices:
             with dev.lock:
                 dev.runs += 1
                 count = dev.runs
-            forced = faults.on_run(dev.qid, count)
+            forced = machine.faults.on_run(dev.qid, count)
             if forced is not None:
                 raise Failure(QStatus(int(forced)), f"injected fault on QID {dev.qid}: {forced.name}")
-        config = get_topology().config
+        try:
+            device_time = machine.device_time_s(image, k, program.devices)
+        except TimingModelError as exc:  # before the run, so a failed run leaves the state untouched
+            raise Failure(QStatus.ERROR, str(exc)) from exc
+        config = machine.config
         session = image.session(config.threads)
         for direction, b, arr, starts in self._slices:
             if direction == Direction.IN:
@@ -301,10 +306,6 @@ class ExecObj:
                 region = tuple(slice(s, s + n) for s, n in zip(starts, arr.shape, strict=True))
                 np.copyto(arr, state[region], casting="unsafe")
         self._results = out_results
-        m = image.manifest
-        device_time = image.device_time_s(
-            k, program.devices[0].sku, len(program.devices), m.num_cores, config.pace_as
-        )
         timeout_ms = program.props.dataPathTimeoutMs
         if timeout_ms and device_time * 1000 > timeout_ms:
             raise Failure(
@@ -325,7 +326,7 @@ class ExecObj:
             with dev.lock:
                 dev.device_time_s += device_time
                 dev.wall_time_s += wall
-        recorder = trace.active()
+        recorder = self.program.machine.trace.recorder()
         if recorder is not None:
             image = self.program.image
             recorder.record(

@@ -9,7 +9,8 @@ fault was armed. Kinds:
 - ``nomem``: load N fails with NOMEM.
 
 Configure with ``QAIC_SIM_FAULTS`` (``reset@0:run=3,nomem@1:load=1`` or a JSON list), the
-``faults`` list of the ``QAIC_SIM_CONFIG`` file, or :func:`inject` from tests.
+``faults`` list of the ``QAIC_SIM_CONFIG`` file, or ``get_machine().faults.inject(...)`` from tests
+(each :class:`qaic_sim.machine.SimMachine` has its own :class:`FaultPlan`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from qaic_core.errors import QaicConfigError
 from qaic_core.types import QStatus
+from qaic_sim.topology import Topology
 
 log = logging.getLogger("qaic.sim.faults")
 
@@ -36,11 +38,6 @@ class Fault:
     qid: int
     at: int
     fired: bool = False
-
-
-_lock = threading.Lock()
-_faults: list[Fault] = []
-_configured = False
 
 
 def _parse(entry: Mapping[str, Any]) -> tuple[str, int, int]:
@@ -63,83 +60,72 @@ def _parse(entry: Mapping[str, Any]) -> tuple[str, int, int]:
     return kind, qid, at
 
 
-def configure(entries: tuple[Mapping[str, Any], ...]) -> None:
-    """Arm the faults of the simulator config (once per topology)."""
-    global _configured
-    with _lock:
-        _configured = True
-    for entry in entries:
-        kind, qid, at = _parse(entry)
-        inject(kind, qid, at)
+class FaultPlan:
+    """The faults armed on one machine's devices; each fires once, when its QID's counter reaches it."""
 
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
 
-def inject(kind: str, qid: int = 0, at: int = 1) -> Fault:
-    """Arm a fault on visible QID ``qid`` at the ``at``-th next run (or load for nomem)."""
-    kind, qid, at = _parse({"kind": kind, "qid": qid, "at": at})
-    from qaic_sim.topology import get_topology
+    def configure(self, entries: tuple[Mapping[str, Any], ...]) -> None:
+        """Arm the faults of the simulator config (``QAIC_SIM_FAULTS`` or the file's ``faults``)."""
+        for entry in entries:
+            kind, qid, at = _parse(entry)
+            self.inject(kind, qid, at)
 
-    dev = get_topology().device(qid)
-    if dev is None:
-        raise QaicConfigError(f"fault {kind}: QID {qid} does not exist; devices: {get_topology().ids()}")
-    base = dev.loads if KINDS[kind] == "load" else dev.runs
-    fault = Fault(kind, qid, base + at)
-    with _lock:
-        _faults.append(fault)
-    log.info("armed fault %s on QID %d at %s %d", kind, qid, KINDS[kind], base + at)
-    return fault
+    def inject(self, kind: str, qid: int = 0, at: int = 1) -> Fault:
+        """Arm a fault on visible QID ``qid`` at the ``at``-th next run (or load for nomem)."""
+        kind, qid, at = _parse({"kind": kind, "qid": qid, "at": at})
+        dev = self.topology.device(qid)
+        if dev is None:
+            raise QaicConfigError(f"fault {kind}: QID {qid} does not exist; devices: {self.topology.ids()}")
+        base = dev.loads if KINDS[kind] == "load" else dev.runs
+        fault = Fault(kind, qid, base + at)
+        with self._lock:
+            self._faults.append(fault)
+        log.info("armed fault %s on QID %d at %s %d", kind, qid, KINDS[kind], base + at)
+        return fault
 
+    def reset_device(self, qid: int) -> None:
+        """Reset QID ``qid`` now, as a host-initiated device reset would."""
+        dev = self.topology.device(qid)
+        if dev is None:
+            raise QaicConfigError(f"reset: QID {qid} does not exist; devices: {self.topology.ids()}")
+        dev.reset()
 
-def reset_device(qid: int) -> None:
-    """Reset QID ``qid`` now, as a host-initiated device reset would."""
-    from qaic_sim.topology import get_topology
+    def clear(self) -> None:
+        """Disarm every fault."""
+        with self._lock:
+            self._faults.clear()
 
-    dev = get_topology().device(qid)
-    if dev is None:
-        raise QaicConfigError(f"reset: QID {qid} does not exist; devices: {get_topology().ids()}")
-    dev.reset()
+    def armed(self) -> list[Fault]:
+        """The faults that have not fired yet."""
+        with self._lock:
+            return [f for f in self._faults if not f.fired]
 
+    def on_run(self, qid: int, count: int) -> QStatus | None:
+        """Status forced on run ``count`` of QID ``qid``, or None; a reset fault resets the QID."""
+        fault = self._take(qid, count, ("reset", "timeout", "dev_error"))
+        if fault is None:
+            return None
+        log.warning("fault %s fires on QID %d at run %d", fault.kind, qid, count)
+        if fault.kind == "reset":
+            self.reset_device(qid)
+            return QStatus.DEV_ERROR
+        return QStatus.TIMEDOUT if fault.kind == "timeout" else QStatus.DEV_ERROR
 
-def clear(*, rearm_config: bool = False) -> None:
-    """Disarm every fault; with ``rearm_config`` the configured faults arm again on next use."""
-    global _configured
-    with _lock:
-        _faults.clear()
-        if rearm_config:
-            _configured = False
+    def on_load(self, qid: int, count: int) -> bool:
+        """Whether load ``count`` on QID ``qid`` must fail with NOMEM."""
+        fault = self._take(qid, count, ("nomem",))
+        if fault is not None:
+            log.warning("fault nomem fires on QID %d at load %d", qid, count)
+        return fault is not None
 
-
-def ensure_configured() -> None:
-    from qaic_sim.topology import get_topology
-
-    topo = get_topology()
-    if not _configured:
-        configure(topo.config.faults)
-
-
-def on_run(qid: int, count: int) -> QStatus | None:
-    """Status forced on run ``count`` of QID ``qid``, or None; a reset fault resets the QID."""
-    fault = _take(qid, count, ("reset", "timeout", "dev_error"))
-    if fault is None:
+    def _take(self, qid: int, count: int, kinds: tuple[str, ...]) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if not fault.fired and fault.qid == qid and fault.kind in kinds and fault.at == count:
+                    fault.fired = True
+                    return fault
         return None
-    log.warning("fault %s fires on QID %d at run %d", fault.kind, qid, count)
-    if fault.kind == "reset":
-        reset_device(qid)
-        return QStatus.DEV_ERROR
-    return QStatus.TIMEDOUT if fault.kind == "timeout" else QStatus.DEV_ERROR
-
-
-def on_load(qid: int, count: int) -> bool:
-    """Whether load ``count`` on QID ``qid`` must fail with NOMEM."""
-    fault = _take(qid, count, ("nomem",))
-    if fault is not None:
-        log.warning("fault nomem fires on QID %d at load %d", qid, count)
-    return fault is not None
-
-
-def _take(qid: int, count: int, kinds: tuple[str, ...]) -> Fault | None:
-    with _lock:
-        for fault in _faults:
-            if not fault.fired and fault.qid == qid and fault.kind in kinds and fault.at == count:
-                fault.fired = True
-                return fault
-    return None

@@ -1,4 +1,4 @@
-"""A compiled program read into memory once per process and shared by every loaded Program."""
+"""A compiled program read into memory once per machine and shared by every loaded Program."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 
 from qaic_core.types import Binding, Direction, SkuType
-from qaic_sim import qpcfile
+from qaic_sim import costing, qpcfile, timing
+from qaic_sim.config import QAIC_SIM_PACE_AS, pace_as_config
+from qaic_sim.timing_cost import ProgramCost
 
 log = logging.getLogger("qaic.sim.runtime")
 
@@ -44,6 +46,7 @@ class ProgramImage:
         self._session: Any = None
         self.graph_dtypes: dict[str, np.dtype] = {}
         self._times: dict[tuple[int, SkuType, int, int, str | None], float] = {}
+        self._costs: tuple[ProgramCost, ...] | None = None
 
     def session(self, threads: int) -> Any:
         """The onnxruntime session (CPU), built once; model-local functions are inlined by ORT."""
@@ -81,88 +84,81 @@ class ProgramImage:
                 lines.append(f"    {b.name}:\t{b.dtype.itemsize}\t{list(s)}")
         return "\n".join(lines)
 
+    def cost(self, spec: int) -> ProgramCost:
+        """The modelled cost of one run of ``spec``: stored by the compiler, else modelled from the graph now."""
+        with self._lock:
+            if self._costs is None:
+                stored = [s.cost for s in self.manifest.specs if s.cost is not None]
+                if len(stored) == len(self.manifest.specs):
+                    try:
+                        self._costs = tuple(ProgramCost.from_json(c, str(self.path)) for c in stored)
+                    except (TypeError, ValueError) as exc:
+                        raise costing.TimingModelError(f"{self.path}: stored run cost: {exc}") from exc
+                else:  # compiled with timing off (or by an older simulator)
+                    import onnx
+
+                    model = onnx.load_from_string(qpcfile.read_member(self.path, qpcfile.MODEL))
+                    self._costs = costing.program_costs(model, self.manifest, str(self.path))
+            return self._costs[spec]
+
     def device_time_s(
         self, spec: int, sku: SkuType, num_devices: int, num_cores: int, pace_as: str | None = None
     ) -> float:
         """Modelled device time of one run of ``spec`` on this device group, computed once.
 
         With ``pace_as`` (a preset or HF config file) the run is timed as that model's program of
-        the same specialization (batch, seq_len, ctx_len) instead.
+        the same specialization (batch, seq_len, ctx_len) instead. A run that cannot be timed raises
+        :class:`qaic_sim.costing.TimingModelError`.
         """
         key = (spec, sku, num_devices, num_cores, pace_as)
         if key not in self._times:
-            if pace_as:
-                self._times[key] = _pace_as_time(self, spec, sku, num_devices, num_cores, pace_as)
-            else:
-                self._times[key] = _model_time(self, spec, sku, num_devices, num_cores)
+            cost = self.cost(spec) if not pace_as else _pace_as_cost(self, spec, pace_as)
+            try:
+                hw = timing.HardwareModel.for_device_group(sku, num_devices, num_cores)
+            except ValueError as exc:
+                raise costing.TimingModelError(f"{self.path}: cannot model the device time: {exc}") from exc
+            self._times[key] = float(timing.device_time_s(cost, hw))
         return self._times[key]
 
 
-def _model_time(image: ProgramImage, spec: int, sku: SkuType, num_devices: int, num_cores: int) -> float:
-    import onnx
-
-    from qaic_sim import mx, timing
-
-    m = image.manifest
-    model = onnx.load_from_string(qpcfile.read_member(image.path, qpcfile.MODEL))
-    weights, kv = _precisions(image)
-    weight_bytes, kv_bytes = mx.bytes_per_element(weights), mx.bytes_per_element(kv)
-    try:
-        cost = timing.ProgramCost.from_onnx(
-            model, m.specs[spec].symbols, weight_bytes_per_param=weight_bytes, kv_bytes_per_elem=kv_bytes
-        )
-        hw = timing.HardwareModel.for_device_group(sku, num_devices, num_cores)
-        return float(timing.device_time_s(cost, hw))
-    except Exception as exc:
-        log.warning("device-time model failed for %s spec %d: %s", image.path, spec, exc)
-        return 0.0
-
-
-def _precisions(image: ProgramImage) -> tuple[str, str]:
-    """Weight and KV precision names of a program, as ``qaic_sim.mx.bytes_per_element`` takes them."""
-    m = image.manifest
-    weights = "mxfp6" if m.mxfp6_matmul else ("float16" if m.convert_to_fp16 else "float32")
-    kv_prec = next((m.precisions[n] for n in m.retained if n in m.precisions), None)
-    if kv_prec is None:
-        kv = "float16" if m.convert_to_fp16 else "float32"
-    else:
-        kv = "float32" if kv_prec == "float" else kv_prec
-    return weights, kv
-
-
-def _pace_as_time(
-    image: ProgramImage, spec: int, sku: SkuType, num_devices: int, num_cores: int, pace_as: str
-) -> float:
-    from qaic_sim import timing
-    from qaic_sim.config import pace_as_config
-
+def _pace_as_cost(image: ProgramImage, spec: int, pace_as: str) -> ProgramCost:
     symbols = image.manifest.specs[spec].symbols
     seq_len = int(symbols.get("seq_len", 1))
-    weights, kv = _precisions(image)
-    cost = timing.ProgramCost.for_decoder(
-        pace_as_config(pace_as),
-        batch=int(symbols.get("batch_size", 1)),
-        seq_len=seq_len,
-        ctx_len=int(symbols.get("ctx_len", seq_len)),
-        weight_precision=weights,
-        kv_precision=kv,
-    )
-    hw = timing.HardwareModel.for_device_group(sku, num_devices, num_cores)
-    return float(timing.device_time_s(cost, hw))
+    weights, kv = costing.precisions(image.manifest)
+    try:
+        return ProgramCost.for_decoder(
+            pace_as_config(pace_as),
+            batch=int(symbols.get("batch_size", 1)),
+            seq_len=seq_len,
+            ctx_len=int(symbols.get("ctx_len", seq_len)),
+            weight_precision=weights,
+            kv_precision=kv,
+        )
+    except ValueError as exc:
+        raise costing.TimingModelError(
+            f"{image.path}: cannot time specialization {image.manifest.specs[spec].name!r} as {pace_as!r} "
+            f"({QAIC_SIM_PACE_AS}): {exc}"
+        ) from exc
 
 
-_images: dict[tuple[str, int, int], ProgramImage] = {}
-_images_lock = threading.Lock()
+class ImageCache:
+    """The images a machine has read, keyed by path, mtime and size (recompiling gives a new image)."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._images: dict[tuple[str, int, int], ProgramImage] = {}
 
-def open_image(path: str | Path) -> ProgramImage:
-    """The shared image of ``programqpc.bin`` under ``path``; recompiling gives a new image."""
-    program = qpcfile.find_program(path).resolve()
-    st = program.stat()
-    key = (str(program), st.st_mtime_ns, st.st_size)
-    with _images_lock:
-        image = _images.get(key)
-        if image is None:
-            image = ProgramImage(program)
-            _images[key] = image
-        return image
+    def open(self, path: str | Path) -> ProgramImage:
+        """The shared image of ``programqpc.bin`` under ``path``."""
+        program = qpcfile.find_program(path).resolve()
+        st = program.stat()
+        key = (str(program), st.st_mtime_ns, st.st_size)
+        with self._lock:
+            image = self._images.get(key)
+            if image is None:
+                image = ProgramImage(program)
+                self._images[key] = image
+            return image
+
+    def __len__(self) -> int:
+        return len(self._images)

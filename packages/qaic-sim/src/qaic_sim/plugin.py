@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qaic_core import hookimpl
@@ -53,6 +55,45 @@ def compile_qpc(args: Sequence[str]) -> None:
     compile_argv(list(args))
 
 
+class MachineTrace:
+    """The ``trace`` control: tracing of the current simulated machine (looked up per call)."""
+
+    def start(self, directory: str | os.PathLike[str]) -> None:
+        from qaic_sim.machine import get_machine
+
+        get_machine().trace.start(directory)
+
+    def stop(self) -> Path | None:
+        from qaic_sim.machine import get_machine
+
+        return get_machine().trace.stop()
+
+    @property
+    def active(self) -> bool:
+        from qaic_sim.machine import get_machine
+
+        return get_machine().trace.active
+
+
+class MachineFaults:
+    """The ``faults`` control: the fault plan of the current simulated machine (looked up per call)."""
+
+    def inject(self, kind: str, qid: int = 0, at: int = 1) -> None:
+        from qaic_sim.machine import get_machine
+
+        get_machine().faults.inject(kind, qid, at)
+
+    def clear(self) -> None:
+        from qaic_sim.machine import get_machine
+
+        get_machine().faults.clear()
+
+    def reset_device(self, qid: int) -> None:
+        from qaic_sim.machine import get_machine
+
+        get_machine().faults.reset_device(qid)
+
+
 @hookimpl
 def qaic_device_backends() -> list[DeviceBackend]:
     return [
@@ -65,5 +106,7 @@ def qaic_device_backends() -> list[DeviceBackend]:
             priority=10,
             capabilities=CAPABILITIES,
             description="CPU simulator of Cloud AI 100 cards (onnxruntime)",
+            trace=MachineTrace(),
+            faults=MachineFaults(),
         )
     ]

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qaic_core.types import Binding
-from qaic_sim import faults, mx
-from qaic_sim.image import ProgramImage, open_image
+from qaic_sim import mx
+from qaic_sim.image import ProgramImage
+from qaic_sim.machine import SimMachine, get_machine
 from qaic_sim.status import Failure, QStatus
-from qaic_sim.topology import SimDevice, get_topology
+from qaic_sim.topology import SimDevice
 
 if TYPE_CHECKING:
     from qaic_sim.qaicrt import Context
@@ -26,11 +27,11 @@ log = logging.getLogger("qaic.sim.runtime")
 
 
 class Qpc:
-    """A compiled program on disk (the folder holding ``programqpc.bin``)."""
+    """A compiled program on disk (the folder holding ``programqpc.bin``), read through the machine's cache."""
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
-        self.image: ProgramImage = open_image(path)
+        self.image: ProgramImage = get_machine().images.open(path)
 
     def getIoDescriptor(self) -> tuple[QStatus, bytes]:
         return QStatus.SUCCESS, self.image.iodesc
@@ -92,6 +93,7 @@ class Program:
         self, ctx: Context, device: int | None, qpc: Qpc, props: QAicProgramProperties | None = None
     ) -> None:
         self.ctx = ctx
+        self.machine: SimMachine = ctx.machine
         self.qpc = qpc
         self.image = qpc.image
         self.props = props or QAicProgramProperties()
@@ -109,7 +111,7 @@ class Program:
     # -- resources -----------------------------------------------------------------------
     def _group(self) -> list[SimDevice]:
         mapping = str(self.props.devMapping or "").strip()
-        topo = get_topology()
+        topo = self.machine.topology
         if mapping:
             if self.device is not None:
                 raise Failure(
@@ -165,7 +167,7 @@ class Program:
             per_device = math.ceil(m.dram_bytes / len(devices))
             for dev in devices:
                 dev.loads += 1
-                if faults.on_load(dev.qid, dev.loads):
+                if self.machine.faults.on_load(dev.qid, dev.loads):
                     raise Failure(QStatus.NOMEM, f"injected fault: out of memory loading on QID {dev.qid}")
             for dev in devices:
                 dev.lock.acquire()
@@ -189,7 +191,7 @@ class Program:
         except Failure as exc:
             return self._fail(exc)
         try:
-            self.image.session(get_topology().config.threads)
+            self.image.session(self.machine.config.threads)
         except Exception as exc:  # the executor's errors become a load failure
             _free(devices, [d.generation for d in devices], 0, per_device)
             return self._fail(Failure(QStatus.ERROR, f"the program cannot be loaded: {exc}"))

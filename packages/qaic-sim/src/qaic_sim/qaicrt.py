@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import SupportsInt
 
 from qaic_core.errors import QaicRuntimeError
-from qaic_sim import faults
 from qaic_sim.buffers import BufferDimensionsVecRef, QBuffer
 from qaic_sim.execobj import ExecObj
+from qaic_sim.machine import SimMachine, get_machine
 from qaic_sim.program import Program, QAicProgramProperties, Qpc, SlicingSpecHandle
 from qaic_sim.status import QLogLevel, QStatus
-from qaic_sim.topology import MB, get_topology
+from qaic_sim.topology import MB, SimDevice
 
 log = logging.getLogger("qaic.sim.runtime")
 
@@ -46,11 +46,15 @@ class QIDList(list):  # type: ignore[type-arg]
 
 
 class Context:
-    """A set of devices this process works with; ``Context()`` takes every visible device."""
+    """A set of devices this process works with; ``Context()`` takes every visible device.
+
+    The context binds to the current :class:`qaic_sim.machine.SimMachine`; programs, queues and exec
+    objects made from it use that machine.
+    """
 
     def __init__(self, devices: Iterable[int] | None = None, *args: object) -> None:
-        topo = get_topology()
-        faults.ensure_configured()
+        self.machine: SimMachine = get_machine()
+        topo = self.machine.topology
         ids = list(devices) if devices is not None else topo.ids()
         missing = [q for q in ids if topo.device(q) is None]
         if missing:
@@ -84,7 +88,7 @@ class Queue:
     _ids = 0
 
     def __init__(self, ctx: Context, device: int = 0, props: QAicQueueProperties | None = None) -> None:
-        topo = get_topology()
+        topo = ctx.machine.topology
         if topo.device(device) is None:
             raise QaicRuntimeError(
                 f"queue device {device} does not exist; visible devices: {topo.ids()} "
@@ -176,11 +180,15 @@ class QPerformanceInfo:
 class Util:
     """Device queries: ids, identity, free resources, performance counters, locking."""
 
+    @staticmethod
+    def _device(qid: int) -> SimDevice | None:
+        return get_machine().topology.device(qid)
+
     def getDeviceIds(self) -> tuple[QStatus, list[int]]:
-        return QStatus.SUCCESS, get_topology().ids()
+        return QStatus.SUCCESS, get_machine().topology.ids()
 
     def getDeviceInfo(self, qid: int) -> tuple[QStatus, QDevInfo | None]:
-        dev = get_topology().device(qid)
+        dev = self._device(qid)
         if dev is None:
             return QStatus.NODEV, None
         info = dev.info()
@@ -198,7 +206,7 @@ class Util:
         )
 
     def getResourceInfo(self, qid: int) -> tuple[QStatus, QResourceInfo | None]:
-        dev = get_topology().device(qid)
+        dev = self._device(qid)
         if dev is None:
             return QStatus.NODEV, None
         return QStatus.SUCCESS, QResourceInfo(
@@ -210,7 +218,7 @@ class Util:
         )
 
     def getPerformanceInfo(self, qid: int) -> tuple[QStatus, QPerformanceInfo | None]:
-        dev = get_topology().device(qid)
+        dev = self._device(qid)
         if dev is None:
             return QStatus.NODEV, None
         avg = dev.device_time_s / dev.runs * 1e6 if dev.runs else 0.0
@@ -225,7 +233,7 @@ class Util:
 
     def lockDevice(self, qid: int, lock: bool = True, block: bool = True) -> QStatus:
         """Mark a device locked by this process (advisory, as in one process the sim is exclusive)."""
-        dev = get_topology().device(qid)
+        dev = self._device(qid)
         if dev is None:
             return QStatus.NODEV
         if lock and dev.locked and not block:

@@ -3,7 +3,8 @@
 Members (stored uncompressed so loading is a plain read):
 
 - ``manifest.json``: format name and version, compiler flags, bindings, specializations with
-  every binding's shape, retained-state pairs, device memory needs, device count and cores.
+  every binding's shape and the run's modelled cost, retained-state pairs, device memory needs,
+  device count and cores.
 - ``model.onnx``: the graph as the simulator executes it (fp16 rounding and MX FP6 weights
   already applied).
 - ``iodesc.pb``: the serialized :class:`qaic_sim.aicapi.IoDesc` returned by ``getIoDescriptor``.
@@ -37,6 +38,8 @@ class SpecShapes:
     name: str
     symbols: dict[str, int]
     dims: tuple[tuple[int, ...], ...]
+    cost: dict[str, float] | None = None
+    """The run's modelled cost (``ProgramCost.to_json``); None when compiled with timing off."""
 
     @property
     def specialization(self) -> Specialization:
@@ -83,7 +86,9 @@ class ProgramManifest:
                 for b in self.bindings
             ],
             "specializations": [
-                {"name": s.name, "symbols": s.symbols, "dims": [list(d) for d in s.dims]} for s in self.specs
+                {"name": s.name, "symbols": s.symbols, "dims": [list(d) for d in s.dims]}
+                | ({"cost": s.cost} if s.cost is not None else {})
+                for s in self.specs
             ],
             "retained": self.retained,
             "precisions": self.precisions,
@@ -123,7 +128,10 @@ class ProgramManifest:
         )
         specs = tuple(
             SpecShapes(
-                s["name"], {k: int(v) for k, v in s["symbols"].items()}, tuple(tuple(d) for d in s["dims"])
+                s["name"],
+                {k: int(v) for k, v in s["symbols"].items()},
+                tuple(tuple(d) for d in s["dims"]),
+                s.get("cost"),
             )
             for s in data["specializations"]
         )

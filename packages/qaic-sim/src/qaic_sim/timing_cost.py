@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from qaic_sim.mx import bytes_per_element
@@ -51,6 +51,21 @@ class ProgramCost:
     def ddr_bytes(self) -> float:
         """Bytes one run streams through DDR."""
         return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+    def to_json(self) -> dict[str, float]:
+        """The fields as a JSON object (the compiler stores one per specialization)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> ProgramCost:
+        """A cost read back from :meth:`to_json`; anything else is an error naming ``where``."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(data, Mapping) or set(data) - names or "flops" not in data:
+            raise ValueError(f"{where}: malformed program cost {data!r}; compile the program again")
+        values: dict[str, Any] = {
+            k: int(v) if k in ("tokens", "allreduces") else float(v) for k, v in data.items()
+        }
+        return cls(**values)
 
     @classmethod
     def from_onnx(

@@ -147,15 +147,27 @@ def _matmul_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...] | None
 
 
 def _einsum_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...] | None]) -> int:
-    """2 x the product of every distinct index size (a contraction's multiply-adds)."""
+    """2 x the product of every distinct index size (a contraction's multiply-adds); ``...`` counts its dims."""
     equation = next(at.s.decode() for at in node.attribute if at.name == "equation").replace(" ", "")
     operands = equation.split("->")[0].split(",")
     sizes: dict[str, int] = {}
+    batch: tuple[int, ...] = ()  # the dims '...' stands for, broadcast over the operands
     for letters, name in zip(operands, node.input, strict=False):
+        shape = _need(shapes, name, node)
         if "..." in letters:
-            return 0
-        sizes.update(zip(letters, _need(shapes, name, node), strict=False))
-    return 2 * math.prod(sizes.values())
+            head, tail = letters.split("...")
+            covered = shape[len(head) : len(shape) - len(tail)]
+            shape = shape[: len(head)] + shape[len(shape) - len(tail) :]
+            letters = head + tail
+            width = max(len(batch), len(covered))
+            batch = tuple(
+                max(a, b)
+                for a, b in zip(
+                    (1,) * (width - len(batch)) + batch, (1,) * (width - len(covered)) + covered, strict=True
+                )
+            )
+        sizes.update(zip(letters, shape, strict=False))
+    return 2 * math.prod(sizes.values()) * math.prod(batch)
 
 
 def onnx_cost(

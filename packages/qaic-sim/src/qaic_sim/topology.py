@@ -1,19 +1,18 @@
 """Simulated cards and their SoCs (QIDs): NSP cores and DDR accounted per QID.
 
-The topology lives in the process: every program loaded through :mod:`qaic_sim.qaicrt` in
-this process draws on the same devices. ``QAIC_VISIBLE_DEVICES`` filters and renumbers them.
+One topology belongs to the process's :class:`qaic_sim.machine.SimMachine`: every program loaded
+through :mod:`qaic_sim.qaicrt` draws on its devices. ``QAIC_VISIBLE_DEVICES`` filters and renumbers them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 
-from qaic_core.env import QAIC_VISIBLE_DEVICES, parse_visible_devices
+from qaic_core.env import parse_visible_devices
 from qaic_core.types import SKUS, DeviceInfo, SkuSpec, SkuType
-from qaic_sim.config import SimConfig, load_config
+from qaic_sim.config import SimConfig
 
 log = logging.getLogger("qaic.sim.topology")
 
@@ -102,36 +101,3 @@ class Topology:
 
     def ids(self) -> list[int]:
         return [d.qid for d in self.devices]
-
-
-_lock = threading.Lock()
-_topology: Topology | None = None
-
-
-def get_topology() -> Topology:
-    """The process-wide topology, built from the environment on first use."""
-    global _topology
-    with _lock:
-        if _topology is None:
-            config = load_config()
-            _topology = Topology(config, os.environ.get(QAIC_VISIBLE_DEVICES))
-            log.info(
-                "simulated devices: %d QIDs on %d cards (%s; config from %s)",
-                len(_topology.devices),
-                len(config.cards),
-                ",".join(s.value for s in config.cards),
-                config.source,
-            )
-        return _topology
-
-
-def reset_topology(topology: Topology | None = None) -> Topology:
-    """Replace the process-wide topology (tests, or after changing the environment)."""
-    global _topology
-    with _lock:
-        _topology = topology
-    from qaic_sim import faults, trace
-
-    faults.clear(rearm_config=True)
-    trace.reconfigure()
-    return get_topology()

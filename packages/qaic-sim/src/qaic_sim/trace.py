@@ -1,14 +1,14 @@
 """Per-run traces in the runtime's layout plus a Chrome/Perfetto ``trace.json``.
 
-While tracing is on, run ``n`` writes ``<dir>/lrt_trace_<n>/summary.json``, and :func:`stop`
-(or exit) writes ``<dir>/trace.json`` with one host event and one device event per run. Turn it
-on with ``QAIC_SIM_TRACE_DIR``, the ``trace_dir`` config key, or :func:`start` / :func:`stop`
-(vLLM's profiler writes one ``lrt_trace_iter{N}_pid{P}`` directory per profiled span this way).
+While tracing is on, run ``n`` writes ``<dir>/lrt_trace_<n>/summary.json``, and stopping (or exit)
+writes ``<dir>/trace.json`` with one host event and one device event per run. Each machine has one
+:class:`Tracer`; turn it on with ``QAIC_SIM_TRACE_DIR``, the ``trace_dir`` config key, or
+``get_machine().trace.start(dir)`` / ``.stop()`` (vLLM's profiler writes one
+``lrt_trace_iter{N}_pid{P}`` directory per profiled span through the backend's ``trace`` control).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -100,47 +100,42 @@ class TraceRecorder:
         return path
 
 
-_lock = threading.Lock()
-_active: TraceRecorder | None = None
-_from_config_checked = False
+class Tracer:
+    """One machine's tracing: the current recorder, started by :meth:`start` or the configured directory."""
 
+    def __init__(self, trace_dir: Path | None = None) -> None:
+        self._trace_dir = trace_dir
+        self._lock = threading.Lock()
+        self._recorder: TraceRecorder | None = None
 
-def start(directory: str | os.PathLike[str]) -> TraceRecorder:
-    """Begin tracing every run of this process into ``directory`` (stopping any earlier trace)."""
-    global _active
-    stop()
-    recorder = TraceRecorder(Path(directory))
-    with _lock:
-        _active = recorder
-    log.info("tracing runs into %s", directory)
-    return recorder
+    def start(self, directory: str | os.PathLike[str]) -> TraceRecorder:
+        """Begin tracing every run into ``directory`` (stopping any earlier trace)."""
+        recorder = TraceRecorder(Path(directory))
+        with self._lock:
+            self._trace_dir = None  # an explicit trace replaces the configured one
+            previous, self._recorder = self._recorder, recorder
+        if previous is not None:
+            previous.close()
+        log.info("tracing runs into %s", directory)
+        return recorder
 
+    def stop(self) -> Path | None:
+        """Stop tracing; returns the path of the written ``trace.json``, or None when none was active."""
+        with self._lock:
+            self._trace_dir = None
+            recorder, self._recorder = self._recorder, None
+        return recorder.close() if recorder is not None else None
 
-def stop() -> Path | None:
-    """Stop tracing; returns the path of the written ``trace.json``, or None when none was active."""
-    global _active
-    with _lock:
-        recorder, _active = _active, None
-    return recorder.close() if recorder is not None else None
+    def recorder(self) -> TraceRecorder | None:
+        """The current recorder; the first call starts one when the config names a trace dir."""
+        with self._lock:
+            if self._trace_dir is not None:
+                self._recorder = TraceRecorder(self._trace_dir)
+                log.info("tracing runs into %s (configured)", self._trace_dir)
+                self._trace_dir = None
+            return self._recorder
 
-
-def reconfigure() -> None:
-    """Read the trace directory from the (new) topology config on the next run."""
-    global _from_config_checked
-    _from_config_checked = False
-
-
-def active() -> TraceRecorder | None:
-    """The current recorder; the first call starts one when the config names a trace dir."""
-    global _from_config_checked
-    if _active is None and not _from_config_checked:
-        _from_config_checked = True
-        from qaic_sim.topology import get_topology
-
-        trace_dir = get_topology().config.trace_dir
-        if trace_dir is not None:
-            start(trace_dir)
-    return _active
-
-
-atexit.register(stop)
+    @property
+    def active(self) -> bool:
+        """Whether runs are traced now (a configured trace dir counts from the first run)."""
+        return self._recorder is not None or self._trace_dir is not None

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+
+from qaic_core.controls import TraceControl
+from qaic_core.descriptors import DeviceBackend
 
 log = logging.getLogger("qaic.vllm.profile")
 
 PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
-
-
-def trace_module(backend: Any) -> ModuleType | None:
-    """The backend's trace module (``<package>.trace`` with start/stop), or None when it has no traces."""
-    if backend is None or "traces" not in getattr(backend, "capabilities", frozenset()):
-        return None
-    package = str(getattr(backend, "package", "")).replace("-", "_")
-    try:
-        module = importlib.import_module(f"{package}.trace")
-    except ImportError:
-        return None
-    if not (hasattr(module, "start") and hasattr(module, "stop")):
-        return None
-    return module
 
 
 class IterationTracer:
@@ -34,11 +20,11 @@ class IterationTracer:
     The directory is ``VLLM_TORCH_PROFILER_DIR``, else ``--profiler-config``'s ``torch_profiler_dir``.
     """
 
-    def __init__(self, backend: Any, fallback_dir: str = "") -> None:
+    def __init__(self, backend: DeviceBackend | None, fallback_dir: str = "") -> None:
         self.backend = backend
         self.fallback_dir = fallback_dir
         self.root: Path | None = None
-        self.module: ModuleType | None = None
+        self.control: TraceControl | None = None
         self.active = False
         self.iteration = 0
         self._open = False
@@ -46,13 +32,13 @@ class IterationTracer:
     def start(self) -> None:
         raw = os.environ.get(PROFILER_DIR_ENV, "").strip() or self.fallback_dir.strip()
         self.root = Path(raw).expanduser() if raw else None
-        self.module = trace_module(self.backend) if self.root is not None else None
+        self.control = self.backend.trace if self.backend is not None and self.root is not None else None
         if self.root is None:
             log.info(
                 "%s is not set (nor --profiler-config torch_profiler_dir): profiling is off", PROFILER_DIR_ENV
             )
             return
-        if self.module is None:
+        if self.control is None:
             log.warning("the qaic backend records no traces; profiling writes nothing")
         self.root.mkdir(parents=True, exist_ok=True)
         self.active = True
@@ -65,15 +51,15 @@ class IterationTracer:
         self.active = False
 
     def begin_iteration(self) -> None:
-        if not self.active or self.root is None or self.module is None:
+        if not self.active or self.root is None or self.control is None:
             return
         directory = self.root / f"lrt_trace_iter{self.iteration}_pid{os.getpid()}"
         directory.mkdir(parents=True, exist_ok=True)
-        self.module.start(directory)
+        self.control.start(directory)
         self._open = True
         self.iteration += 1
 
     def end_iteration(self) -> None:
-        if self._open and self.module is not None:
-            self.module.stop()
+        if self._open and self.control is not None:
+            self.control.stop()
         self._open = False

@@ -15,6 +15,7 @@ import pytest
 
 from qaic_core import qpc as layout
 from qaic_core import runtime as contract
+from qaic_core.controls import FAULT_KINDS, FaultControl, TraceControl
 from qaic_core.descriptors import CAPABILITIES, DeviceBackend
 from qaic_core.runtime import AicApiModule, QaicrtModule, missing_members
 from qaic_core.testing.models import compile_accumulator
@@ -32,6 +33,18 @@ def assert_follows(obj: object, protocol: type) -> None:
 def test_backend_is_available(backend: DeviceBackend) -> None:
     assert backend.is_available()
     assert backend.capabilities <= CAPABILITIES, backend.capabilities - CAPABILITIES
+
+
+def test_trace_and_fault_controls_match_the_capabilities(backend: DeviceBackend) -> None:
+    # Callers use backend.trace / backend.faults when the capability is claimed, so the two must agree.
+    assert ("traces" in backend.capabilities) == (backend.trace is not None), (
+        "a backend claims 'traces' exactly when DeviceBackend.trace is set"
+    )
+    assert ("faults" in backend.capabilities) == (backend.faults is not None), (
+        "a backend claims 'faults' exactly when DeviceBackend.faults is set"
+    )
+    assert backend.trace is None or isinstance(backend.trace, TraceControl)
+    assert backend.faults is None or isinstance(backend.faults, FaultControl)
 
 
 def test_runtime_has_qaicrt_names(qaicrt: QaicrtModule, aicapi: AicApiModule) -> None:
@@ -357,3 +370,66 @@ def test_program_spans_two_devices(
     np.testing.assert_array_equal(y, np.ones((1, 4), np.float32))
     program.deactivate()
     program.unload()
+
+
+def _run_once(s: _Session) -> int:
+    """One batch-1 run of the accumulator with its state supplied; its status."""
+    status, _ = s.run(
+        {
+            "x": np.ones((1, 4), np.float32),
+            "batch_index": np.array([[0]]),
+            "state": np.zeros((2, 4), np.float32),
+        },
+        {"y": [1, 4], "state_RetainedState": [0]},
+    )
+    return status
+
+
+@pytest.mark.requires("compile", "traces")
+def test_trace_control_records_runs(
+    backend: DeviceBackend, qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path, tmp_path: Path
+) -> None:
+    control = backend.trace
+    assert control is not None
+    s = _Session(qaicrt, aicapi, accumulator_qpc)
+    try:
+        control.start(tmp_path / "trace")
+        assert control.active
+        assert _run_once(s) == _ok(qaicrt)
+        written = control.stop()
+    finally:
+        s.close()
+    assert not control.active
+    assert written is not None and written.is_file()
+    assert control.stop() is None  # nothing left to stop
+
+
+@pytest.mark.requires("compile", "faults")
+def test_fault_control_fails_runs_and_loads(
+    backend: DeviceBackend, qaicrt: QaicrtModule, aicapi: AicApiModule, accumulator_qpc: Path
+) -> None:
+    faults = backend.faults
+    assert faults is not None
+    s = _Session(qaicrt, aicapi, accumulator_qpc)
+    ok = _ok(qaicrt)
+    try:
+        assert {"dev_error", "timeout", "reset", "nomem"} == FAULT_KINDS
+        faults.inject("dev_error", s.device, 2)
+        assert [_run_once(s) for _ in range(3)] == [ok, int(qaicrt.QStatus.QS_DEV_ERROR), ok]
+        faults.inject("timeout", s.device, 1)
+        assert _run_once(s) == int(qaicrt.QStatus.QS_TIMEDOUT)
+        faults.reset_device(s.device)
+        assert _run_once(s) != ok  # the program lost the device until it is loaded again
+        assert int(s.program.load()) == ok and int(s.program.activate()) == ok
+        assert _run_once(s) == ok
+        faults.inject("nomem", s.device, 1)
+        other = qaicrt.Program(s.ctx, s.device, s.qpc, qaicrt.QAicProgramProperties())
+        assert int(other.load()) == int(qaicrt.QStatus.QS_NOMEM)
+        assert int(other.load()) == ok
+        other.unload()
+        faults.inject("dev_error", s.device, 1)
+        faults.clear()
+        assert _run_once(s) == ok
+    finally:
+        faults.clear()
+        s.close()

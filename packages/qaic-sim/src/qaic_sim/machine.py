@@ -1,0 +1,102 @@
+"""The simulated host: one object owning the cards, the fault plan, the trace recorder and the image cache.
+
+The runtime (:mod:`qaic_sim.qaicrt`) reaches simulator state only through a :class:`SimMachine`: a
+``Context`` binds to the process-wide machine (created from the environment on first use) and every
+``Program``, ``Queue`` and ``ExecObj`` made from it uses that machine. :func:`reset_machine` replaces it
+(tests, or after changing the environment); objects made earlier keep the machine they were made on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+from qaic_core.env import QAIC_VISIBLE_DEVICES
+from qaic_sim.config import QAIC_SIM_TIMING, SimConfig, load_config
+from qaic_sim.faults import FaultPlan
+from qaic_sim.image import ImageCache, ProgramImage
+from qaic_sim.topology import SimDevice, Topology
+from qaic_sim.trace import Tracer
+
+log = logging.getLogger("qaic.sim.machine")
+
+
+class SimMachine:
+    """One simulated host: its topology, the faults armed on it, its tracing and its compiled images."""
+
+    def __init__(self, config: SimConfig | None = None, visible: str | None = None) -> None:
+        self.config = load_config() if config is None else config
+        self.topology = Topology(self.config, visible)
+        self.faults = FaultPlan(self.topology)
+        self.faults.configure(self.config.faults)
+        self.trace = Tracer(self.config.trace_dir)
+        self.images = ImageCache()
+        self._timing_off_warned = threading.Event()
+
+    @classmethod
+    def from_environment(cls) -> SimMachine:
+        """A machine as the environment describes it (``QAIC_SIM_*`` and ``QAIC_VISIBLE_DEVICES``)."""
+        machine = cls(load_config(), os.environ.get(QAIC_VISIBLE_DEVICES))
+        log.info(
+            "simulated devices: %d QIDs on %d cards (%s; config from %s)",
+            len(machine.topology.devices),
+            len(machine.config.cards),
+            ",".join(s.value for s in machine.config.cards),
+            machine.config.source,
+        )
+        return machine
+
+    def device_time_s(self, image: ProgramImage, spec: int, devices: Sequence[SimDevice]) -> float:
+        """Modelled device time of one run; 0 (with one warning) only when timing is switched off."""
+        if not self.config.timing:
+            if not self._timing_off_warned.is_set():
+                self._timing_off_warned.set()
+                log.warning(
+                    "%s=0: the timing model is off; every run reports 0 s device time "
+                    "(getPerformanceInfo, traces) and dataPathTimeoutMs is not checked against it",
+                    QAIC_SIM_TIMING,
+                )
+            return 0.0
+        return image.device_time_s(
+            spec, devices[0].sku, len(devices), image.manifest.num_cores, self.config.pace_as
+        )
+
+    def close(self) -> None:
+        """Write out any trace in progress."""
+        self.trace.stop()
+
+
+_lock = threading.Lock()
+_machine: SimMachine | None = None
+
+
+def get_machine() -> SimMachine:
+    """The process-wide machine, built from the environment on first use."""
+    global _machine
+    with _lock:
+        if _machine is None:
+            _machine = SimMachine.from_environment()
+        return _machine
+
+
+def reset_machine(machine: SimMachine | None = None) -> SimMachine:
+    """Replace the process-wide machine (by ``machine``, else a fresh one from the environment)."""
+    global _machine
+    with _lock:
+        previous, _machine = _machine, machine
+    if previous is not None:
+        previous.close()
+    return get_machine()
+
+
+def _close_at_exit() -> None:
+    with _lock:
+        machine = _machine
+    if machine is not None:
+        machine.close()
+
+
+atexit.register(_close_at_exit)
