@@ -131,6 +131,12 @@ class QAICInferenceSession:
     def output_names(self) -> list[str]:
         return [b.name for b in self._bindings if b.dir == Direction.OUT]
 
+    @property
+    def devices_text(self) -> str:
+        """The device group in words, for errors: ``QID 0`` or ``QIDs 0, 1``."""
+        ids = self.device_ids or [0]
+        return ("QID " if len(ids) == 1 else "QIDs ") + ", ".join(str(d) for d in ids)
+
     # -- lifecycle ------------------------------------------------------------------------
     def activate(self) -> None:
         """Make the program runnable on its devices and create the exec objects."""
@@ -149,6 +155,19 @@ class QAICInferenceSession:
         self.is_active = False
 
     close = deactivate
+
+    def reload(self) -> None:
+        """Load and activate the program again after a device fault (its retained state is lost)."""
+        self._exec = []
+        self.is_active = False
+        for release in (self.program.deactivate, self.program.unload):
+            try:
+                release()
+            except Exception as exc:  # the device may already have dropped the program
+                log.debug("releasing the program before a reload: %s", exc)
+        check(self.program.load(), "Program.load")
+        self.activate()
+        log.warning("reloaded %s after a device fault", self.qpc_path)
 
     def __enter__(self) -> QAICInferenceSession:
         return self
@@ -261,7 +280,8 @@ class QAICInferenceSession:
             status = exe.waitForCompletion()
             if int(status) != QStatus.SUCCESS:
                 raise QaicRuntimeError(
-                    f"sliced run failed with status {status_name(status)} ({int(status)})", status=int(status)
+                    f"sliced run failed with status {status_name(status)} ({int(status)}) on {self.devices_text}",
+                    status=int(status),
                 )
         finally:
             self._busy[exec_index].release()
@@ -281,7 +301,7 @@ class QAICInferenceSession:
             status = exe.waitForCompletion()
             if int(status) != QStatus.SUCCESS:
                 raise QaicRuntimeError(
-                    f"run failed with status {status_name(status)} ({int(status)})\n"
+                    f"run failed with status {status_name(status)} ({int(status)}) on {self.devices_text}\n"
                     + self._shapes_report(dims),
                     status=int(status),
                 )

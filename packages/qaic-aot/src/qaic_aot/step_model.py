@@ -160,6 +160,10 @@ class AotStepModel:
             inputs["batch_index"] = np.arange(fbs, dtype=np.int64).reshape(fbs, 1)
         return inputs
 
+    def recover(self) -> None:
+        """Reload the program; the session keeps its buffers (skipped KV, ``num_logits_to_keep``)."""
+        self.lm.session.reload()
+
     def close(self) -> None:
         if self.lm.session.is_active:
             self.lm.session.deactivate()  # frees the NSP cores for the next program

@@ -143,6 +143,14 @@ class StepModel(Protocol):
         """Place KV read elsewhere into ``slot`` so decoding continues without a prefill."""
         ...
 
+    def recover(self) -> None:
+        """Bring the device back after a failed run (reload and reactivate the program).
+
+        Every slot's KV is lost: the runner fails or recomputes the sequences that held one.
+        Raises when the device cannot be brought back.
+        """
+        ...
+
     def close(self) -> None:
         """Release the device (deactivate programs, free memory)."""
         ...
@@ -174,6 +182,20 @@ class PagedBatch:
     seq_lens: Sequence[int]
     block_tables: Sequence[Sequence[int]]
     logits_indices: Sequence[int]
+    block_copies: Sequence[tuple[int, int]] = ()
+    """``(source, destination)`` blocks to copy before the step (the framework's copy-on-write)."""
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """A ``PAGED_KV`` model's view of its device memory, for the framework to size the KV cache."""
+
+    total_bytes: int
+    """DDR of the device group."""
+    model_bytes: int
+    """Held by this model (weights)."""
+    free_bytes: int
+    """Not held by anyone now."""
 
 
 @runtime_checkable
@@ -189,8 +211,14 @@ class PagedStepModel(Protocol):
     @property
     def kv_spec(self) -> PagedKVSpec: ...
 
+    @property
+    def memory(self) -> DeviceMemory: ...
+
     def allocate_kv(self, num_blocks: int) -> None:
-        """Allocate ``num_blocks`` KV blocks on the device (after the framework sized the cache)."""
+        """Allocate ``num_blocks`` KV blocks on the device (after the framework sized the cache).
+
+        Raises :class:`qaic_core.eager.DeviceMemoryError` when they do not fit.
+        """
         ...
 
     def submit_batch(self, batch: PagedBatch) -> Pending[np.ndarray]:

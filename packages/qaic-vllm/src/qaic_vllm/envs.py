@@ -15,6 +15,8 @@ VLLM_QAIC_MOS = "VLLM_QAIC_MOS"
 VLLM_QAIC_DFS_EN = "VLLM_QAIC_DFS_EN"
 VLLM_QAIC_COMPILER_ARGS = "VLLM_QAIC_COMPILER_ARGS"
 VLLM_QAIC_MAX_CPU_THREADS = "VLLM_QAIC_MAX_CPU_THREADS"
+VLLM_QAIC_FAULT_POLICY = "VLLM_QAIC_FAULT_POLICY"
+VLLM_QAIC_MAX_DEVICE_FAULTS = "VLLM_QAIC_MAX_DEVICE_FAULTS"
 
 ENV_SETTINGS: dict[str, str] = {
     VLLM_QAIC_NUM_CORES: "num_cores",
@@ -29,6 +31,8 @@ ENV_VARS: dict[str, str] = {
     **{var: f"{SETTINGS[name].help}; override_qaic_config.{name} wins" for var, name in ENV_SETTINGS.items()},
     VLLM_QAIC_MAX_CPU_THREADS: "torch threads of the worker's host work (sampling); default: torch's own",
     "VLLM_TORCH_PROFILER_DIR": "where worker.profile() writes per-iteration device traces (lrt_trace_iter{N}_pid{P})",
+    VLLM_QAIC_FAULT_POLICY: "after a device fault: `fail` the requests that held KV (default) or `recompute` them",
+    VLLM_QAIC_MAX_DEVICE_FAULTS: "device faults tolerated within 600 s before the server stops with status 1 (default 3)",
 }
 """Every variable this plugin reads, with a one-line meaning (docs/vllm.md lists the same)."""
 

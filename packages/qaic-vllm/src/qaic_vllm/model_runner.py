@@ -22,8 +22,11 @@ import torch
 from vllm.v1.outputs import DraftTokenIds, LogprobsLists, ModelRunnerOutput
 
 from qaic_core import get_plugin_manager
+from qaic_core.errors import QaicRuntimeError
 from qaic_core.execution import OVERLAP, Pending, StepModel
 from qaic_core.observe import StepRecord
+from qaic_vllm.faults import FaultBudget, FaultSettings, QaicFatalError
+from qaic_vllm.runner_output import QaicRunnerOutput
 from qaic_vllm.sampling import HostSampler
 from qaic_vllm.speculative.proposers import Proposer
 
@@ -82,7 +85,8 @@ class SlotModelRunner:
         self.requests: dict[str, RequestState] = {}
         self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
         self.observers = get_plugin_manager().observers()
-        self._pending: tuple[list[str], StepPlan, dict[str, np.ndarray]] | None = None
+        self._pending: tuple[list[str], StepPlan, dict[str, np.ndarray]] | QaicRunnerOutput | None = None
+        self.fault_budget = FaultBudget(FaultSettings.from_env())
 
     # -- request bookkeeping ----------------------------------------------------------------
     def _remove(self, req_id: str) -> None:
@@ -201,12 +205,20 @@ class SlotModelRunner:
         if plan.decode:
             decode_handle = self._submit_decode(plan)
             if not (self.overlap and plan.prefill):
-                self._take_decode(plan, decode_handle.wait(), logits)
-                decode_handle = None
-        for req_id, tokens, start in plan.prefill:
-            row = self.model.submit_prefill_chunk(self.requests[req_id].slot, tokens, start).wait()
-            if row is not None:
-                logits[req_id] = np.asarray(row)
+                handle, decode_handle = decode_handle, None
+                self._take_decode(plan, handle.wait(), logits)
+        try:
+            for req_id, tokens, start in plan.prefill:
+                row = self.model.submit_prefill_chunk(self.requests[req_id].slot, tokens, start).wait()
+                if row is not None:
+                    logits[req_id] = np.asarray(row)
+        except BaseException:
+            if decode_handle is not None:  # let the run in flight finish before the device is touched
+                try:
+                    decode_handle.wait()
+                except Exception as exc:
+                    log.debug("the decode in flight failed too: %s", exc)
+            raise
         if decode_handle is not None:
             self._take_decode(plan, decode_handle.wait(), logits)
         return logits
@@ -236,7 +248,14 @@ class SlotModelRunner:
         if not req_ids:
             return ModelRunnerOutput(req_ids=[])
         plan = self.plan(so)
-        logits = self.run(plan)
+        try:
+            logits = self.run(plan)
+        except QaicRuntimeError as exc:
+            failed = self._contain(exc, req_ids)
+            if so.has_structured_output_requests:
+                self._pending = failed
+                return None
+            return failed
         if self.observers:
             prefill_tokens = sum(len(tokens) for _, tokens, _ in plan.prefill)
             self.observers.step(StepRecord(len(plan.decode), prefill_tokens, len(self.requests)))
@@ -251,9 +270,43 @@ class SlotModelRunner:
         """Sample the step ``execute_model`` left pending, under the grammar's token bitmask."""
         if self._pending is None:
             raise RuntimeError("sample_tokens() called without a pending execute_model() step")
-        req_ids, plan, logits = self._pending
-        self._pending = None
+        pending, self._pending = self._pending, None
+        if isinstance(pending, QaicRunnerOutput):
+            return pending  # the step failed on the device
+        req_ids, plan, logits = pending
         return self._output(req_ids, plan, logits, grammar_output)
+
+    def _contain(self, exc: QaicRuntimeError, req_ids: list[str]) -> QaicRunnerOutput:
+        """A run failed: count it, reload the program, and hand the cost to the requests that held KV.
+
+        Reloading loses every slot's KV, so every request the runner holds is affected, not only
+        the step's; the scheduler fails them with the cause or computes them again (the policy).
+        """
+        cause = str(exc).splitlines()[0]
+        log.error("qaic: device fault: %s; %d request(s) affected", cause, len(self.requests))
+        self.fault_budget.record(cause)
+        try:
+            self.model.recover()
+        except Exception as again:
+            raise QaicFatalError(f"the device did not come back after '{cause}': {again}") from again
+        affected = list(dict.fromkeys([*req_ids, *self.requests]))
+        for req_id in affected:
+            self._remove(req_id)
+        recompute = self.fault_budget.settings.policy == "recompute"
+        message = f"Cloud AI device fault: {cause}; the device was reloaded and the server keeps serving" + (
+            "; this request is computed again" if recompute else "; retry the request"
+        )
+        log.warning(
+            "qaic: program reloaded; %s %d request(s)",
+            "recomputing" if recompute else "failing",
+            len(affected),
+        )
+        return QaicRunnerOutput(
+            req_ids=req_ids,
+            sampled_token_ids=[[] for _ in req_ids],
+            failed={req_id: message for req_id in affected},
+            recompute=recompute,
+        )
 
     def _output(
         self,

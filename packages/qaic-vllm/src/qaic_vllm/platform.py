@@ -17,6 +17,7 @@ from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig
 from qaic_vllm import envs
 from qaic_vllm.config import engine_settings, execution_path_of
+from qaic_vllm.faults import FaultSettings, install_exit_report
 from qaic_vllm.quantization import register_mxfp6
 from qaic_vllm.speculative.config import with_speculation
 from qaic_vllm.torch_device import neutralise_accelerator
@@ -161,6 +162,8 @@ class QaicPlatform(Platform):
             return
         from qaic_vllm.validation import validate_model
 
+        install_exit_report()
+        FaultSettings.from_env()  # a bad fault setting fails here, not at the first fault
         pm = get_plugin_manager()
         path = pm.select_execution_path(execution_path_of(vllm_config))
         validate_model(vllm_config, path)

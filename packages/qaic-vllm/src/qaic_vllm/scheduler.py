@@ -12,10 +12,15 @@ import logging
 import time
 from typing import Any
 
+from vllm.outputs import RequestError
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
 
 from qaic_core import get_plugin_manager
+from qaic_vllm.runner_output import QaicRunnerOutput
 
 log = logging.getLogger("qaic.vllm.scheduler")
 
@@ -61,3 +66,26 @@ class QaicScheduler(Scheduler):
         finally:
             self.max_num_active_reqs = saved_active
             self.max_num_scheduled_tokens = saved_budget
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        """A step the device failed: its requests end with the cause, or go back to be computed again."""
+        if isinstance(model_runner_output, QaicRunnerOutput) and model_runner_output.failed:
+            self._take_failed(model_runner_output)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _take_failed(self, output: QaicRunnerOutput) -> None:
+        now = time.monotonic()
+        for req_id, message in output.failed.items():
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            if output.recompute and request.status == RequestStatus.RUNNING:
+                self.running = [r for r in self.running if r is not request]
+                self._preempt_request(request, now, drop_stale_output=True)
+                self.waiting.prepend_request(request)
+                continue
+            self.grammar_compile_error_reqs[req_id] = RequestError(
+                code="device_fault", message=message, retryable=True
+            )

@@ -18,6 +18,7 @@ from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig, StepModel
 from qaic_vllm.config import EngineSettings, engine_settings, model_dir_of
 from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
+from qaic_vllm.faults import fatal_reported
 from qaic_vllm.model_runner import SlotModelRunner
 from qaic_vllm.platform import configure_logging
 from qaic_vllm.profiling import IterationTracer
@@ -53,6 +54,10 @@ class QaicWorker(WorkerBase):
 
     # -- start-up -----------------------------------------------------------------------------
     def init_device(self) -> None:
+        with fatal_reported("starting the Cloud AI worker"):
+            self._init_device()
+
+    def _init_device(self) -> None:
         from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
         self.device = torch.device("cpu")
@@ -84,6 +89,10 @@ class QaicWorker(WorkerBase):
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         """Open the step model: for ``aot``, compile for the engine's shapes (cached) or check a prebuilt QPC."""
+        with fatal_reported("loading the model"):
+            self._load_model()
+
+    def _load_model(self) -> None:
         assert self.backend is not None and self.path is not None, "init_device() must run first"
         config = ExecutionConfig(
             model_dir=model_dir_of(self.model_config.model),
@@ -163,17 +172,19 @@ class QaicWorker(WorkerBase):
     def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput | None:
         assert self.runner is not None, "load_model() must run before execute_model()"
         tracer = self.tracer
-        if tracer is not None and tracer.active and scheduler_output.total_num_scheduled_tokens > 0:
-            tracer.begin_iteration()
-            try:
-                return self.runner.execute_model(scheduler_output)
-            finally:
-                tracer.end_iteration()
-        return self.runner.execute_model(scheduler_output)
+        with fatal_reported("serving"):
+            if tracer is not None and tracer.active and scheduler_output.total_num_scheduled_tokens > 0:
+                tracer.begin_iteration()
+                try:
+                    return self.runner.execute_model(scheduler_output)
+                finally:
+                    tracer.end_iteration()
+            return self.runner.execute_model(scheduler_output)
 
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
         assert self.runner is not None, "load_model() must run before sample_tokens()"
-        return self.runner.sample_tokens(grammar_output)
+        with fatal_reported("serving"):
+            return self.runner.sample_tokens(grammar_output)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         return self.runner.take_draft_token_ids() if self.runner is not None else None

@@ -1,0 +1,123 @@
+"""Device faults in a running ``vllm serve``: the faulted step's requests fail, the server goes on.
+
+The simulator's fault plan (``QAIC_SIM_FAULTS``) makes chosen runs on QID 0 fail; concurrent
+streaming clients then see only the requests that held KV fail, with the cause, and later
+requests get transformers' greedy output; past the fault bound the process exits with status 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from vllm_server import VllmServer
+
+pytestmark = pytest.mark.serve
+
+MODEL = "tiny-faults"
+FAULTS = {"timeout": ("TIMEDOUT", 60), "dev_error": ("DEV_ERROR", 700), "reset": ("DEV_ERROR", 1400)}
+"""kind -> (status the client sees, the QID 0 run it fires on)."""
+ARGS = [
+    "--served-model-name", MODEL,
+    "--max-model-len", "256",
+    "--max-num-seqs", "4",
+    "--long-prefill-token-threshold", "16",
+    "--dtype", "float32",
+]  # fmt: skip
+
+
+def prompt_ids(i: int) -> list[int]:
+    return [(13 * i + 7 * k) % 800 + 11 for k in range(5 + 3 * i)]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    log = tmp_path_factory.mktemp("serve-faults") / "vllm-serve.log"
+    plan = ",".join(f"{kind}@0:run={run}" for kind, (_, run) in FAULTS.items())
+    srv = VllmServer(tiny_model, ARGS, log, env={"QAIC_SIM_FAULTS": plan})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: VllmServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def stream(client: openai.OpenAI, i: int, max_tokens: int) -> tuple[str, str | None]:
+    """(text received, error message or None) of one streaming completion."""
+    text = ""
+    try:
+        chunks = client.completions.create(
+            model=MODEL,
+            prompt=prompt_ids(i),
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in chunks:
+            text += chunk.choices[0].text if chunk.choices else ""
+    except openai.APIError as exc:
+        return text, str(exc)
+    return text, None
+
+
+def greedy_ids(client: openai.OpenAI, i: int, n: int) -> list[int]:
+    reply = client.completions.create(
+        model=MODEL,
+        prompt=prompt_ids(i),
+        max_tokens=n,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    return list(reply.choices[0].token_ids)
+
+
+@pytest.mark.parametrize("kind", list(FAULTS))
+def test_a_fault_fails_the_requests_it_touched_and_serving_goes_on(
+    server: VllmServer, client: openai.OpenAI, hf_greedy: Callable[..., list[int]], kind: str
+) -> None:
+    status, _ = FAULTS[kind]
+    errors: list[str] = []
+    deadline = time.monotonic() + 300
+    # Waves of four concurrent streams run until the fault's run number comes round.
+    while not errors and time.monotonic() < deadline:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda i: stream(client, i, 60), range(4)))
+        errors = [error for _, error in results if error is not None]
+    assert errors, f"the {kind} fault never fired"
+    assert all("device fault" in e and status in e and "QID 0" in e for e in errors), errors
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    for i in range(3):  # after the reload, output is exact again
+        assert greedy_ids(client, i, 12) == hf_greedy(prompt_ids(i), 12)
+    assert f"device fault: run failed with status {status}" in server.log_text()
+
+
+def test_a_fault_storm_stops_the_server_with_a_failing_status(tiny_model: Path, tmp_path: Path) -> None:
+    env = {"QAIC_SIM_FAULTS": "timeout@0:run=4,timeout@0:run=8", "VLLM_QAIC_MAX_DEVICE_FAULTS": "1"}
+    srv = VllmServer(tiny_model, ARGS, tmp_path / "storm.log", env=env)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+        for i in range(6):
+            try:
+                stream(client, i, 20)
+            except openai.APIConnectionError:
+                break
+        code = srv.proc.wait(timeout=120)
+    finally:
+        srv.stop()
+    # Python's multiprocessing resource tracker may print its own shutdown warning after the process.
+    lines = [
+        line
+        for line in srv.log_path.read_text(errors="replace").splitlines()
+        if line.strip() and "resource_tracker" not in line and "warnings.warn" not in line
+    ]
+    assert code not in (0, None)
+    assert lines[-1].startswith("qaic: the engine stopped: serving: 2 device faults within 600 s"), lines[-3:]
+    assert "VLLM_QAIC_MAX_DEVICE_FAULTS" in lines[-1]
