@@ -10,6 +10,7 @@ from qaic_core.controls import FaultControl, TraceControl
 from qaic_core.runtime import AicApiModule, QaicrtModule
 
 if TYPE_CHECKING:
+    from qaic_core.eager import EagerDevice, EagerDeviceRequest
     from qaic_core.execution import ExecutionConfig, PagedStepModel, StepModel
 
 
@@ -22,6 +23,8 @@ class DeviceBackend:
     whose ``IoDesc`` parses ``Qpc.getIoDescriptor()`` bytes; ``compiler`` takes ``qaic-compile`` argv
     (without the program name) and raises on failure. ``trace`` and ``faults`` are the
     typed controls behind the ``traces`` and ``faults`` capabilities (set exactly when claimed).
+    ``eager`` opens the device layer the eager path runs on (:mod:`qaic_core.eager`); a backend
+    without one leaves the eager path to ``torch_qaic``.
     """
 
     name: str
@@ -35,6 +38,7 @@ class DeviceBackend:
     description: str = ""
     trace: TraceControl | None = None
     faults: FaultControl | None = None
+    eager: Callable[[EagerDeviceRequest], EagerDevice] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from qaic_core import hookimpl
 from qaic_core.descriptors import DeviceBackend
+from qaic_core.eager import EagerDevice, EagerDeviceRequest
 from qaic_core.runtime import AicApiModule, QaicrtModule
 
 CAPABILITIES = frozenset(
@@ -53,6 +54,13 @@ def compile_qpc(args: Sequence[str]) -> None:
     from qaic_sim.compiler import compile_argv
 
     compile_argv(list(args))
+
+
+def eager_device(request: EagerDeviceRequest) -> EagerDevice:
+    """The eager path's device layer: CPU tensors accounted against a simulated SoC."""
+    from qaic_sim.eager import open_eager_device
+
+    return open_eager_device(request)
 
 
 class MachineTrace:
@@ -108,5 +116,6 @@ def qaic_device_backends() -> list[DeviceBackend]:
             description="CPU simulator of Cloud AI 100 cards (onnxruntime)",
             trace=MachineTrace(),
             faults=MachineFaults(),
+            eager=eager_device,
         )
     ]
