@@ -166,3 +166,19 @@ def test_an_injected_fault_fails_the_step() -> None:
         pass
     with pytest.raises(QaicRuntimeError, match="injected fault on QID 0"), device.step(work):
         pass
+
+
+def test_settling_an_estimate_holds_exactly_what_was_allocated() -> None:
+    device = open_device()
+    dev = get_machine().topology.device(0)
+    assert dev is not None
+    free = dev.dram_free
+    device.reserve("weights", 10 * MB)
+    device.settle("weights", 12 * MB)
+    assert dev.dram_free == free - 12 * MB
+    device.settle("weights", 9 * MB)
+    assert dev.dram_free == free - 9 * MB
+    with pytest.raises(DeviceMemoryError, match="for the weights"):
+        device.settle("weights", 40 * 1024 * MB)
+    device.close()
+    assert dev.dram_free == free

@@ -114,6 +114,13 @@ class EagerDevice(Protocol):
         """Hold ``nbytes`` more for ``what`` (``weights``, ``kv cache``); raises :class:`DeviceMemoryError`."""
         ...
 
+    def settle(self, what: str, nbytes: int) -> None:
+        """Hold exactly ``nbytes`` for ``what`` now that it is allocated (a reservation was an estimate).
+
+        Raises :class:`DeviceMemoryError` when the growth does not fit.
+        """
+        ...
+
     def release(self, what: str) -> None:
         """Give back everything held for ``what``."""
         ...

@@ -104,6 +104,20 @@ class SimEagerDevice:
             self._held[what] = self._held.get(what, 0) + nbytes
             self._rearm(what)
 
+    def settle(self, what: str, nbytes: int) -> None:
+        with self._lock:
+            self._forget_if_reset()
+            delta = nbytes - self._held.get(what, 0)
+            dev = self.device
+            with dev.lock:
+                if delta > dev.dram_free:
+                    raise DeviceMemoryError(
+                        what, nbytes, dev.dram_free + self._held.get(what, 0), dev.dram_total, self.name
+                    )
+                dev.dram_used += delta
+            self._held[what] = nbytes
+            self._rearm(what)
+
     def release(self, what: str) -> None:
         with self._lock:
             nbytes = self._held.pop(what, 0)
