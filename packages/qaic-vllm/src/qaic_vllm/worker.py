@@ -16,6 +16,7 @@ from qaic_core import get_plugin_manager
 from qaic_core.descriptors import DeviceBackend, ExecutionPath
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig, StepModel
+from qaic_vllm import kv_transfer
 from qaic_vllm.config import EngineSettings, engine_settings, model_dir_of
 from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
 from qaic_vllm.faults import fatal_reported
@@ -51,6 +52,8 @@ class QaicWorker(WorkerBase):
         self.path: ExecutionPath | None = None
         self.compile_seconds = 0.0
         self.tracer: IterationTracer | None = None
+        self.kv_transfer: kv_transfer.ConnectorDriver | None = None
+        """The KV connector ``--kv-transfer-config`` selects (disaggregated prefill and decode)."""
 
     # -- start-up -----------------------------------------------------------------------------
     def init_device(self) -> None:
@@ -156,6 +159,12 @@ class QaicWorker(WorkerBase):
                 f"vLLM allotted {blocks} KV blocks; Cloud AI needs max_num_seqs + 1 = "
                 f"{self.settings.compile.decode_batch_size + 1}"
             )
+        assert self.step_model is not None, "load_model() must run before initialize_from_config()"
+        self.kv_transfer = kv_transfer.open_connector(self.vllm_config, kv_cache_config, self.step_model)
+
+    def get_kv_connector_handshake_metadata(self) -> dict[tuple[int, int], Any] | None:
+        """The KV connector's address and fingerprint, for vLLM's scheduler-side connector."""
+        return kv_transfer.handshake_metadata(self.kv_transfer)
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         return CompilationTimes(language_model=self.compile_seconds, encoder=0.0)
@@ -170,6 +179,11 @@ class QaicWorker(WorkerBase):
 
     # -- per step --------------------------------------------------------------------------------
     def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput | None:
+        if self.kv_transfer is not None:
+            return self.kv_transfer.step(scheduler_output, self._execute_step)
+        return self._execute_step(scheduler_output)
+
+    def _execute_step(self, scheduler_output: Any) -> ModelRunnerOutput | None:
         assert self.runner is not None, "load_model() must run before execute_model()"
         tracer = self.tracer
         with fatal_reported("serving"):
@@ -184,7 +198,8 @@ class QaicWorker(WorkerBase):
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
         assert self.runner is not None, "load_model() must run before sample_tokens()"
         with fatal_reported("serving"):
-            return self.runner.sample_tokens(grammar_output)
+            output = self.runner.sample_tokens(grammar_output)
+        return self.kv_transfer.attach(output) if self.kv_transfer is not None else output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         return self.runner.take_draft_token_ids() if self.runner is not None else None
@@ -215,6 +230,8 @@ class QaicWorker(WorkerBase):
     def shutdown(self) -> None:
         if self.tracer is not None:
             self.tracer.stop()
+        kv_transfer.close_connector(self.kv_transfer)
+        self.kv_transfer = None
         if self.runner is not None and self.runner.proposer is not None:
             self.runner.proposer.close()
         if self.step_model is not None:

@@ -1,0 +1,53 @@
+"""MXINT8 (OCP Microscaling v1.0) codes and scales: how an mxint8 KV cache travels between instances.
+
+An mxint8 KV cache crosses the host boundary as float16 values that already lie on the MXINT8
+grid (the device decodes its stored blocks). Encoding them again gives back the device's codes:
+one int8 code ``k`` per value (value ``k / 64 * 2**e``) and one E8M0 exponent ``e`` per 32 values
+along the last axis (``head_dim``). That is 1 + 1/32 bytes per value on the wire instead of 2,
+and decoding restores the very same float16 values, so the receiving card stores the same blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 32
+E8M0_BIAS = 127
+E_MIN, E_MAX = -127, 127
+
+
+def _blocks(x: np.ndarray) -> np.ndarray:
+    """``x`` as float32 with the last axis zero-padded to a multiple of 32 and split in blocks."""
+    a = np.asarray(x, dtype=np.float32)
+    pad = (-a.shape[-1]) % BLOCK
+    if pad:
+        a = np.concatenate([a, np.zeros((*a.shape[:-1], pad), np.float32)], axis=-1)
+    return a.reshape(*a.shape[:-1], -1, BLOCK)
+
+
+def encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes (int8, last axis padded to 32) and biased exponents (uint8, one per block of 32)."""
+    blocks = _blocks(x)
+    if not np.all(np.isfinite(blocks)):
+        raise ValueError("an mxint8 KV cache cannot hold inf or NaN")
+    amax = np.abs(blocks).max(axis=-1)
+    _, e = np.frexp(amax)  # amax = m * 2**e, m in [0.5, 1): floor(log2(amax)) = e - 1
+    shared = np.clip(np.where(amax > 0, e.astype(np.int32) - 1, E_MIN), E_MIN, E_MAX)
+    k = np.clip(np.rint(np.ldexp(blocks, -shared[..., None]) * 64.0), -128, 127).astype(np.int8)
+    codes = k.reshape(*k.shape[:-2], -1)
+    return codes, (shared + E8M0_BIAS).astype(np.uint8)
+
+
+def decode(codes: np.ndarray, scales: np.ndarray, width: int, dtype: np.dtype | str) -> np.ndarray:
+    """Values from codes and exponents, the last axis cut back to ``width``, as ``dtype``."""
+    k = codes.astype(np.float32).reshape(*codes.shape[:-1], -1, BLOCK)
+    shared = scales.astype(np.int32) - E8M0_BIAS
+    values = np.ldexp(k / 64.0, shared[..., None]).astype(np.float32)
+    return values.reshape(*values.shape[:-2], -1)[..., :width].astype(dtype)
+
+
+def wire_bytes(shape: tuple[int, ...]) -> int:
+    """Bytes the codes and exponents of an array of ``shape`` take."""
+    padded = -(-shape[-1] // BLOCK) * BLOCK
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    return rows * (padded + padded // BLOCK)
