@@ -121,3 +121,41 @@ def test_a_fault_storm_stops_the_server_with_a_failing_status(tiny_model: Path, 
     assert code not in (0, None)
     assert lines[-1].startswith("qaic: the engine stopped: serving: 2 device faults within 600 s"), lines[-3:]
     assert "VLLM_QAIC_MAX_DEVICE_FAULTS" in lines[-1]
+
+
+def test_recompute_policy_gives_every_request_its_exact_output(
+    tiny_model: Path, hf_greedy: Callable[..., list[int]]
+) -> None:
+    """In-process engine: a fault mid-generation, then every request computed again from its tokens."""
+    import gc
+
+    import vllm.envs
+    from vllm import LLM, SamplingParams
+
+    from qaic_core import get_plugin_manager
+
+    faults = get_plugin_manager().select_device_backend().faults
+    assert faults is not None
+    prompts = [prompt_ids(i) for i in range(4)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        mp.setenv("VLLM_QAIC_FAULT_POLICY", "recompute")
+        llm = LLM(
+            model=str(tiny_model),
+            max_model_len=256,
+            max_num_seqs=4,
+            long_prefill_token_threshold=16,
+            dtype="float32",
+            additional_config={"override_qaic_config": {"num_cores": 4}},
+        )
+        try:
+            faults.inject("dev_error", qid=0, at=20)  # mid-way through the decodes below
+            params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            for prompt, out in zip(prompts, outs, strict=True):
+                assert list(out.outputs[0].token_ids) == hf_greedy(prompt, 30)
+        finally:
+            faults.clear()
+            del llm
+            gc.collect()
+    vllm.envs.disable_envs_cache()

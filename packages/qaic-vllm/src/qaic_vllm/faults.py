@@ -105,13 +105,18 @@ def report_fatal(message: str) -> None:
         log.debug("cannot write the engine report %s: %s", target, exc)
 
 
+def serving_from_cli() -> bool:
+    """Whether this process is ``vllm serve`` (a script using ``LLM`` handles its own errors)."""
+    return "vllm.entrypoints.cli.serve" in sys.modules and "serve" in sys.argv[1:3]
+
+
 def install_exit_report() -> None:
     """In the API process: if the engine left a fatal report, print it last and exit with status 1.
 
     vLLM's server returns normally when its engine dies, so without this a supervisor would see
     status 0 and the reason would be buried under the shutdown log.
     """
-    if os.environ.get(QAIC_ENGINE_REPORT):
+    if os.environ.get(QAIC_ENGINE_REPORT) or not serving_from_cli():
         return
     fd, name = tempfile.mkstemp(prefix="qaic-engine-report-", suffix=".txt")
     os.close(fd)

@@ -71,21 +71,26 @@ class QaicScheduler(Scheduler):
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
         """A step the device failed: its requests end with the cause, or go back to be computed again."""
-        if isinstance(model_runner_output, QaicRunnerOutput) and model_runner_output.failed:
-            self._take_failed(model_runner_output)
-        return super().update_from_output(scheduler_output, model_runner_output)
+        failed = model_runner_output.failed if isinstance(model_runner_output, QaicRunnerOutput) else {}
+        recompute = isinstance(model_runner_output, QaicRunnerOutput) and model_runner_output.recompute
+        if failed and not recompute:
+            for req_id, message in failed.items():
+                request = self.requests.get(req_id)
+                if request is not None and not request.is_finished():
+                    self.grammar_compile_error_reqs[req_id] = RequestError(
+                        code="device_fault", message=message, retryable=True
+                    )
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if failed and recompute:
+            self._recompute(failed)
+        return outputs
 
-    def _take_failed(self, output: QaicRunnerOutput) -> None:
+    def _recompute(self, failed: dict[str, str]) -> None:
+        """Preempt the requests whose KV the fault lost: they are computed again from their tokens."""
         now = time.monotonic()
-        for req_id, message in output.failed.items():
+        for req_id in failed:
             request = self.requests.get(req_id)
-            if request is None or request.is_finished():
+            if request is None or request.status != RequestStatus.RUNNING:
                 continue
-            if output.recompute and request.status == RequestStatus.RUNNING:
-                self.running = [r for r in self.running if r is not request]
-                self._preempt_request(request, now, drop_stale_output=True)
-                self.waiting.prepend_request(request)
-                continue
-            self.grammar_compile_error_reqs[req_id] = RequestError(
-                code="device_fault", message=message, retryable=True
-            )
+            self.running = [r for r in self.running if r is not request]
+            self._preempt_request(request, now)  # back to the waiting queue, KV blocks freed
