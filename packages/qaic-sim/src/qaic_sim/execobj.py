@@ -261,6 +261,10 @@ class ExecObj:
             device_time = machine.device_time_s(image, k, program.devices)
         except TimingModelError as exc:  # before the run, so a failed run leaves the state untouched
             raise Failure(QStatus.ERROR, str(exc)) from exc
+        if self._slices:
+            nbytes = sum(int(arr.nbytes) for _, _, arr, _ in self._slices)
+            positions = max(int(arr.shape[2]) if arr.ndim > 2 else 1 for _, _, arr, _ in self._slices)
+            device_time += machine.slice_transfer_s(program.devices, nbytes, positions)
         config = machine.config
         session = image.session(config.threads)
         for direction, b, arr, starts in self._slices:

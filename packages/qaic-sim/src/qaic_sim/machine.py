@@ -15,7 +15,8 @@ import threading
 from collections.abc import Sequence
 
 from qaic_core.env import QAIC_VISIBLE_DEVICES
-from qaic_sim.config import QAIC_SIM_TIMING, SimConfig, load_config
+from qaic_sim import timing
+from qaic_sim.config import QAIC_SIM_TIMING, SimConfig, load_config, pace_as_config
 from qaic_sim.faults import FaultPlan
 from qaic_sim.image import ImageCache, ProgramImage
 from qaic_sim.topology import SimDevice, Topology
@@ -31,7 +32,7 @@ class SimMachine:
         self.config = load_config() if config is None else config
         self.topology = Topology(self.config, visible)
         self.faults = FaultPlan(self.topology)
-        self.faults.configure(self.config.faults)
+        self.faults.configure(self.config.faults, f"faults from {self.config.source}")
         self.trace = Tracer(self.config.trace_dir)
         self.images = ImageCache()
         self._timing_off_warned = threading.Event()
@@ -63,6 +64,21 @@ class SimMachine:
         return image.device_time_s(
             spec, devices[0].sku, len(devices), image.manifest.num_cores, self.config.pace_as
         )
+
+    def slice_transfer_s(self, devices: Sequence[SimDevice], nbytes: int, positions: int) -> float:
+        """Host-link time of a run's KV slices (``setDataWithSlices``): their bytes over the SoCs' PCIe.
+
+        Each SoC of the group moves its share over its own link. With ``pace_as`` the slices are
+        sized as that model's KV at the same number of positions (fp16 on the link), so a paced
+        disaggregated run pays what the real model's hand-off would.
+        """
+        if not self.config.timing or nbytes <= 0:
+            return 0.0
+        if self.config.pace_as:
+            shape = timing.DecoderShape.from_config(pace_as_config(self.config.pace_as))
+            nbytes = positions * shape.kv_elements_per_token * 2
+        hw = timing.HardwareModel.for_device_group(devices[0].sku, len(devices), None)
+        return nbytes / (hw.host_bytes_per_s * len(devices))
 
     def close(self) -> None:
         """Write out any trace in progress."""
