@@ -267,6 +267,24 @@ def vllm_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
+def write_state(stages: Sequence[Stage], path: Path) -> None:
+    """``instances.json`` in the log directory: each instance's name, pid, URL, KV port and log."""
+    data = [
+        {
+            "name": s.name,
+            "role": s.role,
+            "pid": s.proc.pid if s.proc is not None else None,
+            "url": s.url,
+            "kv_port": s.kv_port,
+            "devices": s.devices,
+            "log": str(s.log_path),
+        }
+        for s in stages
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
 def start(stage: Stage) -> None:
     stage.log_path.parent.mkdir(parents=True, exist_ok=True)
     stage._log = stage.log_path.open("wb")
@@ -355,14 +373,23 @@ def check_handshake(stages: Sequence[Stage], kv_host: str) -> None:
     log.info("handshake: every instance serves %s", next(iter(prints.values())))
 
 
-def run_router(prefills: Sequence[str], decodes: Sequence[str], host: str, port: int) -> None:
+def run_router(
+    prefills: Sequence[str], decodes: Sequence[str], host: str, port: int, access_log: bool = False
+) -> None:
     from aiohttp import web
 
     from qaic_kvconnector.router import Router
 
     router = Router(prefills, decodes)
     log.info("router on http://%s:%d: prefill %s, decode %s", host, port, list(prefills), list(decodes))
-    web.run_app(router.app(), host=host, port=port, print=None, handle_signals=True)
+    web.run_app(
+        router.app(),
+        host=host,
+        port=port,
+        print=None,
+        handle_signals=True,
+        access_log=logging.getLogger("qaic.disagg.access") if access_log else None,
+    )
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -380,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not ns.decode_url:
             print("qaic-disagg: --decode-url is required in router-only mode", file=sys.stderr)
             return 2
-        run_router(ns.prefill_url, ns.decode_url, ns.host, ns.port)
+        run_router(ns.prefill_url, ns.decode_url, ns.host, ns.port, ns.verbose > 0)
         return 0
     try:
         stages = build_stages(ns, extra)
@@ -391,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for stage in stages:
             start(stage)
+        write_state(stages, Path(ns.log_dir) / "instances.json")
         wait_ready(stages, ns.startup_timeout)
         if not ns.no_handshake_check:
             check_handshake(stages, ns.kv_host)
@@ -399,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [s.url for s in stages if s.role == "decode"],
             ns.host,
             ns.port,
+            ns.verbose > 0,
         )
         return 0
     except (QaicConfigError, RuntimeError, transport.TransferError) as exc:

@@ -18,7 +18,7 @@ EXTRA_KEYS: dict[str, str] = {
     "kv_host": "address this instance's KV server binds and advertises (default 127.0.0.1)",
     "transfer_timeout_s": "seconds a decode instance waits for one request's KV before recomputing it",
     "keep_s": "seconds a prefill instance keeps KV that no decode instance has fetched",
-    "link_gbps": "pace TCP transfers to this link rate (Gbit/s), to model a network on one host",
+    "link_gbps": "a prefill instance sends KV over TCP at this rate (Gbit/s): models a network on one host",
     "compact_mxint8": "send an mxint8 KV cache as codes and scales (1 + 1/32 bytes per value)",
 }
 """``kv_connector_extra_config`` keys the connector reads."""

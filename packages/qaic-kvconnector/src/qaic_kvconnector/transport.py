@@ -81,11 +81,18 @@ class KVServer:
     """The KV agent of one instance: answers handshakes and serves the KV this instance holds."""
 
     def __init__(
-        self, host: str, port: int, fp: Mapping[str, Any], transport: str = "tcp", keep_s: float = 120.0
+        self,
+        host: str,
+        port: int,
+        fp: Mapping[str, Any],
+        transport: str = "tcp",
+        keep_s: float = 120.0,
+        link_gbps: float | None = None,
     ) -> None:
         self.fingerprint = dict(fp)
         self.transport = transport
         self.keep_s = keep_s
+        self.link_gbps = link_gbps
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -200,6 +207,9 @@ class KVServer:
         if entry.segment is not None:
             self._reply(ident, SHM, entry.header)
             return
+        if self.link_gbps:
+            # One link, one transfer at a time: the KV leaves after the time it takes at link rate.
+            self._stop.wait(int(entry.header["nbytes"]) * 8 / (self.link_gbps * 1e9))
         frames: list[Any] = [ident, KV, json.dumps(entry.header).encode()]
         frames += [_raw(b) for b in entry.buffers]
         self._sock.send_multipart(frames, copy=False)
@@ -235,12 +245,10 @@ class KVClient:
         self,
         fp: Mapping[str, Any],
         timeout_s: float = 30.0,
-        link_gbps: float | None = None,
         threads: int = 2,
     ) -> None:
         self.fingerprint = dict(fp)
         self.timeout_s = timeout_s
-        self.link_gbps = link_gbps
         self._ctx = zmq.Context()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="qaic-kv-fetch")
 
@@ -270,11 +278,6 @@ class KVClient:
             raise TransferError(f"the prefill instance at {where} sent an unknown reply {kind!r}")
         nbytes = sum(len(b) for b in buffers)
         kv = wire.decode_kv(header, buffers)
-        if kind == KV and self.link_gbps:
-            floor = nbytes * 8 / (self.link_gbps * 1e9)
-            rest = floor - (time.monotonic() - start)
-            if rest > 0:
-                time.sleep(rest)
         return Fetched(kv=kv, nbytes=nbytes, seconds=time.monotonic() - start)
 
 
