@@ -68,10 +68,13 @@ class FaultPlan:
         self._lock = threading.Lock()
         self._faults: list[Fault] = []
 
-    def configure(self, entries: tuple[Mapping[str, Any], ...]) -> None:
+    def configure(self, entries: tuple[Mapping[str, Any], ...], where: str = "QAIC_SIM_FAULTS") -> None:
         """Arm the faults of the simulator config (``QAIC_SIM_FAULTS`` or the file's ``faults``)."""
         for entry in entries:
-            kind, qid, at = _parse(entry)
+            try:
+                kind, qid, at = _parse(entry)
+            except QaicConfigError as exc:
+                raise QaicConfigError(f"{where}: {exc}") from None
             self.inject(kind, qid, at)
 
     def inject(self, kind: str, qid: int = 0, at: int = 1) -> Fault:

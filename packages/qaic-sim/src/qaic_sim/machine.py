@@ -32,7 +32,7 @@ class SimMachine:
         self.config = load_config() if config is None else config
         self.topology = Topology(self.config, visible)
         self.faults = FaultPlan(self.topology)
-        self.faults.configure(self.config.faults, f"faults from {self.config.source}")
+        self.faults.configure(self.config.faults, "QAIC_SIM_FAULTS (or the faults key of QAIC_SIM_CONFIG)")
         self.trace = Tracer(self.config.trace_dir)
         self.images = ImageCache()
         self._timing_off_warned = threading.Event()

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from qaic_core import env
+from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicConfigError, QaicError
 from qaic_vllm.envs import VLLM_QAIC_FAULT_POLICY, VLLM_QAIC_MAX_DEVICE_FAULTS
 
@@ -90,8 +92,34 @@ def fatal_reported(what: str) -> Iterator[None]:
         yield
     except Exception as exc:
         detail = str(exc) if isinstance(exc, QaicError) else f"{type(exc).__name__}: {exc}"
-        report_fatal(f"{what}: {detail}")
+        report_fatal(f"the engine stopped while {what}: {detail}")
         raise
+
+
+@contextmanager
+def config_reported() -> Iterator[None]:
+    """A configuration error in the API process is also the last line ``vllm serve`` prints."""
+    try:
+        yield
+    except QaicError as exc:
+        report_fatal(f"invalid configuration: {exc}")
+        raise
+
+
+def check_devices(backend: DeviceBackend) -> None:
+    """The backend lists its devices now, so a bad device setting fails at configuration time."""
+    runtime = backend.runtime()
+    status, ids = runtime.Util().getDeviceIds()
+    if int(status) != 0:
+        raise QaicConfigError(
+            f"the {backend.name} backend cannot list its devices (status {int(status)}): check the cards "
+            f"(qaic-util) and {env.QAIC_VISIBLE_DEVICES}"
+        )
+    if not ids:
+        raise QaicConfigError(
+            f"no Cloud AI device is visible to the {backend.name} backend: check {env.QAIC_VISIBLE_DEVICES} "
+            "and the cards (qaic-util)"
+        )
 
 
 def report_fatal(message: str) -> None:
@@ -133,7 +161,7 @@ def install_exit_report() -> None:
         if not text:
             return
         sys.stdout.flush()
-        sys.stderr.write(f"\nqaic: the engine stopped: {text}\n")
+        sys.stderr.write(f"\nqaic: {text}\n")
         sys.stderr.flush()
         os._exit(1)
 

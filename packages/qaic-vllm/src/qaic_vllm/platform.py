@@ -17,7 +17,7 @@ from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig
 from qaic_vllm import envs
 from qaic_vllm.config import engine_settings, execution_path_of
-from qaic_vllm.faults import FaultSettings, install_exit_report
+from qaic_vllm.faults import FaultSettings, check_devices, config_reported, install_exit_report
 from qaic_vllm.quantization import register_mxfp6
 from qaic_vllm.speculative.config import with_speculation
 from qaic_vllm.torch_device import neutralise_accelerator
@@ -154,6 +154,12 @@ class QaicPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        """Check everything that needs no model here, in the API process, before an engine starts."""
+        with config_reported():
+            cls._check_and_update_config(vllm_config)
+
+    @classmethod
+    def _check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         configure_logging()
         neutralise_accelerator()
         envs.register_with_vllm()
@@ -165,6 +171,7 @@ class QaicPlatform(Platform):
         install_exit_report()
         FaultSettings.from_env()  # a bad fault setting fails here, not at the first fault
         pm = get_plugin_manager()
+        check_devices(pm.select_device_backend())  # backend name, visible devices, simulator settings
         path = pm.select_execution_path(execution_path_of(vllm_config))
         validate_model(vllm_config, path)
         settings, spec = with_speculation(vllm_config, engine_settings(vllm_config))
