@@ -4,7 +4,7 @@ An mxint8 KV cache crosses the host boundary as float16 values that already lie 
 grid (the device decodes its stored blocks). Encoding them again gives back the device's codes:
 one int8 code ``k`` per value (value ``k / 64 * 2**e``) and one E8M0 exponent ``e`` per 32 values
 along the last axis (``head_dim``). That is 1 + 1/32 bytes per value on the wire instead of 2,
-and decoding restores the very same float16 values, so the receiving card stores the same blocks.
+and decoding restores the very same float16 values: the hand-off adds no error of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ def encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     amax = np.abs(blocks).max(axis=-1)
     _, e = np.frexp(amax)  # amax = m * 2**e, m in [0.5, 1): floor(log2(amax)) = e - 1
     shared = np.clip(np.where(amax > 0, e.astype(np.int32) - 1, E_MIN), E_MIN, E_MAX)
+    # A block whose largest magnitude is code -128 (-2 * 2**e) is held one exponent lower: keep it there.
+    lower = np.ldexp(blocks, -(shared[..., None] - 1)) * 64.0
+    exact = np.all((lower == np.rint(lower)) & (lower >= -128) & (lower <= 127), axis=-1) & (shared > E_MIN)
+    shared = np.where(exact, shared - 1, shared)
     k = np.clip(np.rint(np.ldexp(blocks, -shared[..., None]) * 64.0), -128, 127).astype(np.int8)
     codes = k.reshape(*k.shape[:-2], -1)
     return codes, (shared + E8M0_BIAS).astype(np.uint8)
