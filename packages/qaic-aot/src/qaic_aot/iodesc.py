@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qaic_core import qpc as layout
+from qaic_core.advice import status_advice
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_core.runtime import AicApiModule, QaicrtModule, Qpc, Status
 from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, QStatus
@@ -38,11 +39,22 @@ def status_name(status: Status) -> str:
         return str(status)
 
 
-def check(status: Status, what: str) -> None:
-    """Raise ``QaicRuntimeError`` naming the call and the status unless it is SUCCESS."""
+def check(status: Status, what: str, *, detail: str = "", advice: str | None = None) -> None:
+    """Raise ``QaicRuntimeError`` naming the call, the status and the fix unless it is SUCCESS.
+
+    ``detail`` is the runtime's own explanation where it gives one (the simulator's ``lastError``);
+    ``advice`` the fix, by default what :func:`qaic_core.advice.status_advice` says for the status,
+    so a real card's bare status reads like the simulator's.
+    """
     code = int(status)
     if code != QStatus.SUCCESS:
-        raise QaicRuntimeError(f"{what} failed with status {status_name(code)} ({code})", status=code)
+        fix = status_advice(code, what) if advice is None else advice
+        message = f"{what} failed with status {status_name(code)} ({code})"
+        if detail:
+            message += f": {detail}"
+        if fix:
+            message += f"; {fix}"
+        raise QaicRuntimeError(message, status=code)
 
 
 def read_program_io(runtime: QaicrtModule, aicapi: AicApiModule, qpc: Qpc) -> ProgramIo:

@@ -12,10 +12,11 @@ import numpy as np
 
 from qaic_aot.iodesc import check, program_dir, read_program_io, status_name
 from qaic_core import get_plugin_manager
+from qaic_core.advice import status_advice
 from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_core.observe import Observer
-from qaic_core.runtime import ExecObj, SlicingSpecHandle
+from qaic_core.runtime import ExecObj, SlicingSpecHandle, Status
 from qaic_core.types import Binding, Direction, QStatus
 
 log = logging.getLogger("qaic.aot.session")
@@ -94,7 +95,7 @@ class QAICInferenceSession:
         elif self.device_ids:
             props.devMapping = ":".join(str(d) for d in self.device_ids)
         self.program = rt.Program(self.context, device, self.qpc, props)
-        check(self.program.load(), "Program.load")
+        self._check_program(self.program.load(), "Program.load")
         self.num_exec_objects = num_exec_objects
         self._exec: list[ExecObj] = []
         self._busy = [threading.Lock() for _ in range(num_exec_objects)]
@@ -142,7 +143,7 @@ class QAICInferenceSession:
         """Make the program runnable on its devices and create the exec objects."""
         if self.is_active:
             return
-        check(self.program.activate(), "Program.activate")
+        self._check_program(self.program.activate(), "Program.activate")
         self._exec = [self._rt.ExecObj(self.context, self.program) for _ in range(self.num_exec_objects)]
         self.is_active = True
 
@@ -156,6 +157,28 @@ class QAICInferenceSession:
 
     close = deactivate
 
+    def _check_program(self, status: Status, call: str) -> None:
+        """``check`` for load and activate: the advice names what this program needs and the devices have free."""
+        if int(status) == QStatus.SUCCESS:
+            return
+        from qaic_aot.memory import program_needs
+        from qaic_core.resources import group_ids, query_devices
+
+        devices = []
+        needs = None
+        try:
+            ids = self.device_ids or group_ids(None, 1)
+            devices = query_devices(self.device_backend, ids)
+            needs = program_needs(self.qpc_path, devices)
+        except Exception as exc:  # the advice is best effort; the failure itself must still be raised
+            log.debug("could not read the resources for the advice: %s", exc)
+        check(
+            status,
+            call,
+            detail=str(getattr(self.program, "lastError", "") or ""),
+            advice=status_advice(int(status), call, needs, devices),
+        )
+
     def reload(self) -> None:
         """Load and activate the program again after a device fault (its retained state is lost)."""
         self._exec = []
@@ -165,7 +188,7 @@ class QAICInferenceSession:
                 release()
             except Exception as exc:  # the device may already have dropped the program
                 log.debug("releasing the program before a reload: %s", exc)
-        check(self.program.load(), "Program.load")
+        self._check_program(self.program.load(), "Program.load")
         self.activate()
         log.warning("reloaded %s after a device fault", self.qpc_path)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qaic_core.compiler_flags import BOOL_FLAGS, VALUE_FLAGS
 from qaic_core.env import parse_bool
 from qaic_core.errors import QaicConfigError
 
@@ -25,26 +26,65 @@ def parse_int(value: Any, what: str) -> int:
         raise QaicConfigError(f"{what}={value!r} is not an integer: give a whole number") from None
 
 
+def parse_mos(value: Any, what: str) -> int | None:
+    """``-mos``: a whole number; -1 (vllm-qaic's default) leaves the choice to the compiler."""
+    n = parse_int(value, what)
+    return None if n == -1 else n
+
+
 def parse_device_ids(value: Any, what: str) -> tuple[int, ...]:
-    """Device ids from ``"0,1"`` or ``[0, 1]``."""
-    parts = value.split(",") if isinstance(value, str) else value
+    """Device ids from ``"0,1"``, ``"[0, 1]"``, ``[0, 1]`` or one id (vllm-qaic's forms)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    parts = value.strip().strip("[]()").split(",") if isinstance(value, str) else value
     try:
-        return tuple(int(str(v).strip()) for v in parts)
+        return tuple(int(str(v).strip()) for v in parts if str(v).strip())
     except (TypeError, ValueError):
         raise QaicConfigError(
             f"{what} {value!r} is not a list of device ids: write it as '0,1' or [0, 1]"
         ) from None
 
 
+def vendor_flag(piece: str) -> str | None:
+    """One ``key=value`` / ``key`` piece of vllm-qaic's ``compiler_args`` as a qaic-compile flag.
+
+    ``aic_pmu_recipe=KernelUtil`` becomes ``-aic-pmu-recipe=KernelUtil`` and ``aic_perf_metrics``
+    ``-aic-perf-metrics``, as QEfficient turns compile options into flags. A flag that takes no value
+    is given by a yes word (or none) and dropped by a no word (``false``, ``0``); a piece that
+    already starts with ``-`` is a flag as it is.
+    """
+    if piece.startswith("-"):
+        return piece
+    key, eq, value = piece.partition("=")
+    name = key.strip().lower().replace("_", "-")
+    word = value.strip()
+    boolean = name in BOOL_FLAGS or (name not in VALUE_FLAGS and word.lower() in _WORDS)
+    if not eq or (boolean and parse_bool(word or "true", piece)):
+        return "-" + name
+    if boolean:
+        return None
+    return f"-{name}={word}"
+
+
+_WORDS = frozenset({"", "true", "false", "yes", "no", "on", "off"})
+
+
+def split_arguments(value: str, what: str) -> list[str]:
+    """Pieces of a ``compiler_args`` string: split as a shell would, then on vllm-qaic's ``|``."""
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise QaicConfigError(
+            f"{what}={value!r} is not a list of arguments ({exc}): fix its quotes"
+        ) from None
+    return [p for w in words for p in (w.split("|") if not w.startswith("-") else [w]) if p]
+
+
 def parse_arguments(value: Any, what: str) -> tuple[str, ...]:
-    """Compiler arguments from a list, or from one string split as a shell would."""
+    """Compiler arguments from a list, or from one string of raw flags (``-mos=1 -v``, split as a shell
+    would) or vllm-qaic's ``key=value|key`` pieces (``mos=1|aic_perf_metrics``), or both mixed."""
     if isinstance(value, str):
-        try:
-            return tuple(shlex.split(value))
-        except ValueError as exc:
-            raise QaicConfigError(
-                f"{what}={value!r} is not a list of arguments ({exc}): fix its quotes"
-            ) from None
+        return tuple(f for f in (vendor_flag(p) for p in split_arguments(value, what)) if f)
     if isinstance(value, list | tuple):
         return tuple(str(a) for a in value)
     raise QaicConfigError(f"{what}={value!r} is not a list of arguments: give a list or one quoted string")
@@ -143,6 +183,7 @@ class CompileSettings:
         "device ids to run on, comma separated, e.g. 0,1",
         parse_device_ids,
         flag="--device-group",
+        aliases=("device_ids", "device_id"),
         limit="`num_devices` ids, no repeats",
     )
     mxfp6: bool = _setting(
@@ -150,7 +191,7 @@ class CompileSettings:
         "compress matmul weights to MX FP6 (-mxfp6-matmul)",
         parse_bool,
         flag="--mxfp6",
-        aliases=("mxfp6_matmul",),
+        aliases=("mxfp6_matmul", "mxfp6_en"),
         engine_arg="--quantization mxfp6",
     )
     mxint8: bool = _setting(
@@ -158,10 +199,16 @@ class CompileSettings:
         "keep the KV cache in MX INT8 (custom_io.yaml)",
         parse_bool,
         flag="--mxint8",
-        aliases=("mxint8_kv_cache",),
+        aliases=("mxint8_kv_cache", "mxint8_en"),
         engine_arg="--kv-cache-dtype mxint8",
     )
-    mos: int | None = _setting(None, "compiler -mos value", parse_int, flag="--mos", limit=">= 1 or unset")
+    mos: int | None = _setting(
+        None,
+        "compiler -mos value (-1: the compiler's choice, vllm-qaic's default)",
+        parse_mos,
+        flag="--mos",
+        limit=">= 1, or -1 / unset",
+    )
     aic_enable_depth_first: bool = _setting(
         False,
         "compiler -aic-enable-depth-first",
@@ -189,7 +236,8 @@ class CompileSettings:
     )
     compiler_args: tuple[str, ...] = _setting(
         (),
-        "extra qaic-compile flags: one string split as a shell would, or a list",
+        "extra qaic-compile flags: a list, or one string of flags (split as a shell would) or of "
+        "vllm-qaic's key=value pieces (separated by spaces or pipes)",
         parse_arguments,
         flag="--compiler-args",
     )

@@ -7,49 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qaic_core.compiler_flags import BOOL_FLAGS, VALUE_FLAGS
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import MAX_CORES_PER_SOC
 
 log = logging.getLogger("qaic.sim.compiler")
 
-BOOL_FLAGS = {
-    "aic-hw",
-    "retained-state",
-    "convert-to-fp16",
-    "mxfp6-matmul",
-    "aic-enable-depth-first",
-    "compile-only",
-    "aic-perf-warnings",
-    "aic-perf-metrics",
-    "mxint8-mdp-io",
-    "multicast-weights",
-    "enable-debug",
-    "aic-include-sampler",
-    "aic-pmu-recipe-enabled",
-}
-VALUE_FLAGS = {
-    "aic-hw-version",
-    "m",
-    "aic-num-cores",
-    "mos",
-    "network-specialization-config",
-    "custom-IO-list-file",
-    "mdp-load-partition-config",
-    "aic-binary-dir",
-    "stats-batchsize",
-    "ols",
-    "onnx-define-symbol",
-    "aic-pmu-recipe",
-    "node-precision-info",
-    "allocator-dealloc-delay",
-    "size-split-granularity",
-    "vtcm-working-set-limit-ratio",
-    "mdts-mos",
-    "aic-num-of-instances",
-    "aic-hw-cfg",
-    "io-crc",
-    "time-passes",
-}
 HW_VERSIONS = {"ai100", "2.0"}
 AFFECTS_PROGRAM = {
     "aic-hw",
