@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +21,9 @@ log = logging.getLogger("qaic.vllm")
 
 DEFAULT_PREFILL_SEQ_LEN = 128
 DEFAULT_EXECUTION_PATH = "aot"
+EXECUTION_MODE_KEY = "execution_mode"
+"""``--additional-config`` key choosing the execution mode (``aot`` or ``pyt``)."""
+EXECUTION_MODES = {"aot": "aot", "pyt": "pyt", "eager": "pyt"}
 OVERRIDE_KEY = "override_qaic_config"
 VLLM_ONLY_KEYS: dict[str, str] = {
     "qpc_path": "a prebuilt QPC directory to serve instead of compiling (checked against the model)",
@@ -44,9 +50,36 @@ class EngineSettings:
     """The qaic-core execution path that opens the model (``aot``: a compiled program)."""
 
 
-def execution_path_of(vllm_config: VllmConfig) -> str:
-    """The qaic-core execution path that serves this engine; ``aot`` is the only one so far."""
-    return DEFAULT_EXECUTION_PATH
+def execution_path_of(vllm_config: VllmConfig | None) -> str:
+    """The qaic-core execution path that serves this engine: the one place the mode is chosen.
+
+    ``--additional-config '{"execution_mode": "pyt"}'`` first, then ``VLLM_QAIC_EXECUTION_MODE``,
+    then the vendor's rule: ``pyt`` (eager) when ``torch_qaic`` can be imported, else ``aot``.
+    ``eager`` is accepted for ``pyt``.
+    """
+    additional = getattr(vllm_config, "additional_config", None)
+    raw = additional.get(EXECUTION_MODE_KEY) if isinstance(additional, dict) else None
+    if raw is not None:
+        return _mode(raw, f"--additional-config {EXECUTION_MODE_KEY}")
+    raw = os.environ.get(envs.VLLM_QAIC_EXECUTION_MODE, "").strip()
+    if raw:
+        return _mode(raw, envs.VLLM_QAIC_EXECUTION_MODE)
+    return "pyt" if torch_qaic_installed() else DEFAULT_EXECUTION_PATH
+
+
+def _mode(raw: object, source: str) -> str:
+    key = str(raw).strip().lower()
+    if key not in EXECUTION_MODES:
+        raise QaicConfigError(
+            f"{source}={raw!r} is not an execution mode: use aot (compiled programs) or pyt (eager; also 'eager')"
+        )
+    return EXECUTION_MODES[key]
+
+
+@functools.cache
+def torch_qaic_installed() -> bool:
+    """Whether the card's PyTorch device (``torch_qaic``, from the Apps SDK) can be imported."""
+    return importlib.util.find_spec("torch_qaic") is not None
 
 
 def prefill_seq_len_of(long_prefill_token_threshold: int | None, max_model_len: int) -> int:

@@ -17,6 +17,7 @@ VLLM_QAIC_COMPILER_ARGS = "VLLM_QAIC_COMPILER_ARGS"
 VLLM_QAIC_MAX_CPU_THREADS = "VLLM_QAIC_MAX_CPU_THREADS"
 VLLM_QAIC_FAULT_POLICY = "VLLM_QAIC_FAULT_POLICY"
 VLLM_QAIC_MAX_DEVICE_FAULTS = "VLLM_QAIC_MAX_DEVICE_FAULTS"
+VLLM_QAIC_EXECUTION_MODE = "VLLM_QAIC_EXECUTION_MODE"
 
 ENV_SETTINGS: dict[str, str] = {
     VLLM_QAIC_NUM_CORES: "num_cores",
@@ -33,6 +34,7 @@ ENV_VARS: dict[str, str] = {
     "VLLM_TORCH_PROFILER_DIR": "where worker.profile() writes per-iteration device traces (lrt_trace_iter{N}_pid{P})",
     VLLM_QAIC_FAULT_POLICY: "after a device fault: `fail` the requests that held KV (default) or `recompute` them",
     VLLM_QAIC_MAX_DEVICE_FAULTS: "device faults tolerated within 600 s before the server stops with status 1 (default 3)",
+    VLLM_QAIC_EXECUTION_MODE: "`aot` (compiled programs) or `pyt` (eager); default: `pyt` when torch_qaic imports, else `aot`",
 }
 """Every variable this plugin reads, with a one-line meaning (docs/vllm.md lists the same)."""
 

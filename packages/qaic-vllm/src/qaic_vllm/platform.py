@@ -14,7 +14,7 @@ from qaic_core import get_plugin_manager
 from qaic_core.descriptors import AttentionBackend, ExecutionPath
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import ExecutionConfig
+from qaic_core.execution import PAGED_KV, ExecutionConfig
 from qaic_vllm import envs
 from qaic_vllm.config import engine_settings, execution_path_of
 from qaic_vllm.faults import FaultSettings, check_devices, config_reported, install_exit_report
@@ -173,6 +173,11 @@ class QaicPlatform(Platform):
         pm = get_plugin_manager()
         check_devices(pm.select_device_backend())  # backend name, visible devices, simulator settings
         path = pm.select_execution_path(execution_path_of(vllm_config))
+        if PAGED_KV in path.capabilities:  # the eager mode: vLLM's own scheduler and KV block layout
+            from qaic_vllm.paged_config import configure_paged
+
+            configure_paged(vllm_config, path)
+            return
         validate_model(vllm_config, path)
         settings, spec = with_speculation(vllm_config, engine_settings(vllm_config))
         if path.check is not None:

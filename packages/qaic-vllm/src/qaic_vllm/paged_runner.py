@@ -1,0 +1,273 @@
+"""The paged model runner: vLLM's scheduler output in, one flattened step of a paged-KV model out.
+
+Typed against qaic-core's :class:`~qaic_core.execution.PagedStepModel` only (it never knows which
+execution path opened the model). Each request keeps its tokens, its KV block ids (as vLLM's KV
+cache manager hands them out, prefix-cache hits included) and a row of the host sampler. A step
+runs every scheduled request's tokens, prefill chunks and decodes alike, as one
+:class:`~qaic_core.execution.PagedBatch`; the requests whose scheduled tokens reach the end of
+what they hold are sampled on the host with vLLM's semantics (:class:`qaic_vllm.sampling.HostSampler`).
+A preempted request is dropped and comes back as a new one to be recomputed, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+
+from qaic_core import get_plugin_manager
+from qaic_core.execution import PagedBatch, PagedStepModel
+from qaic_core.observe import StepRecord
+from qaic_vllm.model_runner import apply_grammar_bitmask
+from qaic_vllm.sampling import HostSampler
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
+
+log = logging.getLogger("qaic.vllm.runner")
+
+
+@dataclass
+class PagedRequest:
+    """What the runner keeps per request between steps."""
+
+    req_id: str
+    row: int
+    """The request's row in the host sampler."""
+    token_ids: list[int]
+    num_computed: int
+    block_ids: list[int]
+    params: SamplingParams | None
+
+
+@dataclass
+class PagedStep:
+    """One step as planned: the batch, and which requests sample from which logits row."""
+
+    batch: PagedBatch
+    req_ids: list[str]
+    sample_reqs: list[str]
+    decode_rows: int
+    prefill_tokens: int
+
+
+class PagedModelRunner:
+    """Drives a :class:`PagedStepModel` from SchedulerOutputs and samples on the host."""
+
+    def __init__(self, vllm_config: VllmConfig, model: PagedStepModel) -> None:
+        self.vllm_config = vllm_config
+        self.model = model
+        self.max_num_reqs = int(vllm_config.scheduler_config.max_num_seqs)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.vocab_size = model.shape.vocab_size
+        self.requests: dict[str, PagedRequest] = {}
+        self.free_rows = list(range(self.max_num_reqs - 1, -1, -1))
+        self.sampler = HostSampler(vllm_config, self.max_num_reqs, self.max_model_len, self.vocab_size)
+        self.observers = get_plugin_manager().observers()
+        self._pending: tuple[PagedStep, np.ndarray] | None = None
+
+    # -- request bookkeeping ------------------------------------------------------------------
+    def _remove(self, req_id: str) -> None:
+        state = self.requests.pop(req_id, None)
+        if state is not None:
+            self.sampler.remove_request(state.row)
+            self.free_rows.append(state.row)
+
+    def _add_new(self, new_reqs: list[NewRequestData]) -> None:
+        for new in new_reqs:
+            self._remove(new.req_id)
+            if not self.free_rows:
+                raise RuntimeError(
+                    f"request {new.req_id} arrived with {self.max_num_reqs} requests already held "
+                    "(more than --max-num-seqs)"
+                )
+            row = self.free_rows.pop()
+            tokens = list(new.prefill_token_ids or new.prompt_token_ids or [])
+            prompt_len = len(new.prompt_token_ids or tokens)
+            self.requests[new.req_id] = PagedRequest(
+                req_id=new.req_id,
+                row=row,
+                token_ids=tokens,
+                num_computed=int(new.num_computed_tokens),
+                block_ids=list(new.block_ids[0]) if new.block_ids else [],
+                params=new.sampling_params,
+            )
+            if new.sampling_params is not None:
+                self.sampler.add_request(row, prompt_len, tokens, new.sampling_params)
+
+    def _update_cached(self, cached: CachedRequestData) -> None:
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests.get(req_id)
+            if state is None:
+                continue
+            state.num_computed = int(cached.num_computed_tokens[i])
+            new_blocks = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
+            if new_blocks:
+                state.block_ids.extend(new_blocks[0])
+            new_tokens = cached.new_token_ids[i] if i < len(cached.new_token_ids) else []
+            if new_tokens:  # only sent when the runner did not sample them itself (pipeline parallel)
+                state.token_ids.extend(t for t in new_tokens if t is not None)
+
+    def update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            self._remove(req_id)
+        for req_id in so.preempted_req_ids or ():
+            self._remove(req_id)
+        self._add_new(so.scheduled_new_reqs)
+        self._update_cached(so.scheduled_cached_reqs)
+
+    # -- planning -----------------------------------------------------------------------------
+    def plan(self, so: SchedulerOutput) -> PagedStep:
+        ids: list[int] = []
+        positions: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_indices: list[int] = []
+        sample_reqs: list[str] = []
+        req_ids = list(so.num_scheduled_tokens)
+        decodes = prefill_tokens = 0
+        for req_id in req_ids:
+            n = int(so.num_scheduled_tokens[req_id])
+            state = self.requests[req_id]
+            start, end = state.num_computed, state.num_computed + n
+            if end > len(state.token_ids):
+                raise RuntimeError(
+                    f"request {req_id}: scheduled up to token {end} but only {len(state.token_ids)} are known"
+                )
+            ids.extend(state.token_ids[start:end])
+            positions.extend(range(start, end))
+            query_lens.append(n)
+            seq_lens.append(end)
+            tables.append(state.block_ids)
+            if end == len(state.token_ids):
+                logits_indices.append(len(ids) - 1)
+                sample_reqs.append(req_id)
+            if n == 1 and start > 0 and end == len(state.token_ids):
+                decodes += 1
+            else:
+                prefill_tokens += n
+        copies = [(int(c.src_block_id), int(c.dst_block_id)) for c in so.kv_cache_block_copies or ()]
+        batch = PagedBatch(
+            input_ids=np.asarray(ids, dtype=np.int64),
+            positions=np.asarray(positions, dtype=np.int64),
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+            block_tables=tables,
+            logits_indices=logits_indices,
+            block_copies=copies,
+        )
+        return PagedStep(batch, req_ids, sample_reqs, decodes, prefill_tokens)
+
+    # -- steps --------------------------------------------------------------------------------
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        """Run the step; None when structured output needs the grammar first (then ``sample_tokens``)."""
+        if not self.observers:
+            return self._execute(so)
+        start = time.perf_counter()
+        try:
+            return self._execute(so)
+        finally:
+            self.observers.phase("runner", time.perf_counter() - start)
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        self.update_states(so)
+        if not so.num_scheduled_tokens:
+            return ModelRunnerOutput(req_ids=[])
+        step = self.plan(so)
+        running = len(self.requests)
+        logits = self.model.submit_batch(step.batch).wait()
+        for req_id, n in so.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed += int(n)
+        if self.observers:
+            self.observers.step(StepRecord(step.decode_rows, step.prefill_tokens, running))
+        if so.has_structured_output_requests:
+            self._pending = (step, logits)
+            return None
+        return self._output(step, logits, None)
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        """Sample the step ``execute_model`` left pending, under the grammar's token bitmask."""
+        if self._pending is None:
+            raise RuntimeError("sample_tokens() called without a pending execute_model() step")
+        step, logits = self._pending
+        self._pending = None
+        return self._output(step, logits, grammar_output)
+
+    def _output(
+        self, step: PagedStep, logits: np.ndarray, grammar: GrammarOutput | None
+    ) -> ModelRunnerOutput:
+        start = time.perf_counter()
+        sampled, logprobs = self._sample(step, logits, grammar)
+        if self.observers:
+            self.observers.phase("sampling", time.perf_counter() - start)
+        tokens = [sampled.get(req_id, []) for req_id in step.req_ids]
+        return ModelRunnerOutput(
+            req_ids=step.req_ids,
+            sampled_token_ids=tokens,
+            logprobs=_logprobs_layout(step.req_ids, tokens, logprobs),
+        )
+
+    def _sample(
+        self, step: PagedStep, logits: np.ndarray, grammar: GrammarOutput | None
+    ) -> tuple[dict[str, list[int]], dict[str, LogprobsLists]]:
+        rows = [i for i, r in enumerate(step.sample_reqs) if self.requests[r].params is not None]
+        reqs = [step.sample_reqs[i] for i in rows]
+        if not reqs:
+            return {}, {}
+        batch = torch.from_numpy(np.ascontiguousarray(logits[rows, : self.vocab_size]))
+        if grammar is not None:
+            apply_grammar_bitmask(batch, reqs, grammar)
+        states = [self.requests[r] for r in reqs]
+        tokens, lp = self.sampler.sample(batch, [s.row for s in states], [len(s.token_ids) for s in states])
+        out: dict[str, list[int]] = {}
+        lp_rows: dict[str, LogprobsLists] = {}
+        for i, state in enumerate(states):
+            out[state.req_id] = [tokens[i]]
+            state.token_ids.append(tokens[i])
+            self.sampler.append_token(state.row, tokens[i])
+            if lp is not None:
+                lp_rows[state.req_id] = LogprobsLists(
+                    lp.logprob_token_ids[i : i + 1], lp.logprobs[i : i + 1], lp.sampled_token_ranks[i : i + 1]
+                )
+        return out, lp_rows
+
+    def take_draft_token_ids(self) -> None:
+        return None
+
+
+def _logprobs_layout(
+    req_ids: list[str], tokens: list[list[int]], rows: dict[str, LogprobsLists]
+) -> LogprobsLists | None:
+    """vLLM's layout: one row per generated token, requests in order, with each request's first row.
+
+    The offsets are always given, so a request that sampled nothing this step (a prefill chunk)
+    does not shift the rows of the requests after it.
+    """
+    if not rows:
+        return None
+    width = max(lp.logprob_token_ids.shape[1] for lp in rows.values())
+    total = sum(len(t) for t in tokens)
+    ids = np.zeros((total, width), dtype=np.int64)
+    vals = np.full((total, width), float("-inf"), dtype=np.float32)
+    ranks = np.zeros(total, dtype=np.int64)
+    offsets: list[int] = []
+    row = 0
+    for req_id, generated in zip(req_ids, tokens, strict=True):
+        offsets.append(row)
+        lp = rows.get(req_id)
+        if lp is not None:
+            n = len(generated)
+            ids[row : row + n, : lp.logprob_token_ids.shape[1]] = lp.logprob_token_ids[:n]
+            vals[row : row + n, : lp.logprobs.shape[1]] = lp.logprobs[:n]
+            ranks[row : row + n] = lp.sampled_token_ranks[:n]
+        row += len(generated)
+    offsets.append(row)
+    return LogprobsLists(ids, vals, ranks, offsets)
