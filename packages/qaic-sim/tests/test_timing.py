@@ -169,3 +169,26 @@ def test_prefill_is_compute_bound_and_decode_memory_bound() -> None:
     )
     assert prefill.compute_s > prefill.memory_s and decode.memory_s > decode.compute_s
     assert 0.1 < prefill.total_s < 2.0  # 14 TFLOP at a large share of 110 TF
+
+
+def test_a_program_is_timed_on_its_own_cores() -> None:
+    """A 1B draft decoding on 6 of a SoC's 16 cores is modelled slower than on all 16."""
+    cost = ProgramCost.for_decoder(_llama_1b_config(), batch=1, seq_len=1, ctx_len=2048)
+    times = {
+        cores: device_time_s(cost, HardwareModel.for_device_group(SkuType.ULTRA, 1, cores))
+        for cores in (6, 10, 16)
+    }
+    assert times[6] > times[10] > times[16]
+
+
+def _llama_1b_config() -> dict[str, object]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "torch_dtype": "bfloat16",
+    }
