@@ -192,3 +192,18 @@ def _llama_1b_config() -> dict[str, object]:
         "vocab_size": 128256,
         "torch_dtype": "bfloat16",
     }
+
+
+def test_pace_as_can_name_a_model_per_program() -> None:
+    from qaic_core.errors import QaicConfigError
+    from qaic_sim.config import pace_as_entries, pace_as_for
+
+    value = "target=llama-3.1-8b, draft=llama-3.2-1b"
+    assert pace_as_for(value, "/cache/LlamaForCausalLM/tiny-target-1a2b/qpc-3c4d/qpc") == "llama-3.1-8b"
+    assert pace_as_for(value, "/cache/LlamaForCausalLM/tiny-draft-1a2b/qpc-3c4d/qpc") == "llama-3.2-1b"
+    assert pace_as_for(value, "/cache/other/qpc") is None
+    assert pace_as_for("qwen2.5-0.5b,draft=llama-3.2-1b", "/x/other/qpc") == "qwen2.5-0.5b"
+    assert pace_as_for("llama-2-7b", "/anything") == "llama-2-7b"
+    assert pace_as_entries("llama-2-7b") == {"": "llama-2-7b"}
+    with pytest.raises(QaicConfigError, match="MATCH=model"):
+        pace_as_entries("=llama-2-7b")

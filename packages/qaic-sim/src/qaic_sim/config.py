@@ -57,6 +57,9 @@ PACE_PRESETS: dict[str, dict[str, Any]] = {
                  "vocab_size": 50400, "tie_word_embeddings": False},
     "opt-2.7b": {"model_type": "opt", "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32,
                  "ffn_dim": 10240, "vocab_size": 50272, "tie_word_embeddings": True},
+    "llama-3.2-1b": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+                     "tie_word_embeddings": True},
     "qwen2.5-0.5b": {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
                      "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
                      "tie_word_embeddings": True},
@@ -200,8 +203,39 @@ def load_config(environ: Mapping[str, str] | None = None) -> SimConfig:
             f"{QAIC_SIM_TIMING}=0 turns the timing model off: turn pacing off or timing on"
         )
     if values.get("pace_as"):
-        pace_as_config(values["pace_as"])  # fail at start-up, not at the first run
+        for entry in pace_as_entries(values["pace_as"]).values():
+            pace_as_config(entry)  # fail at start-up, not at the first run
     return SimConfig(**values, source=", ".join(sources) or "defaults")
+
+
+def pace_as_entries(value: str) -> dict[str, str]:
+    """``pace_as`` as ``{match: model}``: ``model`` alone applies to every program (match ``""``).
+
+    ``MATCH=model`` entries, comma separated, time each program whose QPC path contains ``MATCH`` as
+    that model (the first entry that matches wins), so a target and its draft on one card can be
+    paced as the models they stand for: ``target=llama-3.1-8b,draft=llama-3.2-1b``.
+    """
+    entries: dict[str, str] = {}
+    for part in value.split(","):
+        match, sep, model = part.strip().rpartition("=")
+        if not model.strip() or (sep and not match.strip()):
+            raise QaicConfigError(
+                f"{QAIC_SIM_PACE_AS}={value!r}: each entry is a model (a preset or a config.json path) or "
+                "MATCH=model, comma separated"
+            )
+        entries.setdefault(match.strip(), model.strip())
+    return entries
+
+
+def pace_as_for(value: str | None, program: str = "") -> str | None:
+    """The model that ``program`` (its QPC path) is timed as under ``pace_as``, or None."""
+    if not value:
+        return None
+    entries = pace_as_entries(value)
+    for match, model in entries.items():
+        if match and match in program:
+            return model
+    return entries.get("")
 
 
 def pace_as_config(value: str) -> dict[str, Any]:

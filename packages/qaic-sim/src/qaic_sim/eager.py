@@ -22,7 +22,7 @@ from qaic_core.eager import DeviceMemoryError, EagerDeviceRequest, EagerStep
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_sim import timing, trace
-from qaic_sim.config import QAIC_SIM_TIMING, pace_as_config
+from qaic_sim.config import QAIC_SIM_TIMING, pace_as_config, pace_as_for
 from qaic_sim.machine import SimMachine, get_machine
 from qaic_sim.timing_eager import eager_step_cost
 from qaic_sim.topology import SimDevice
@@ -59,7 +59,7 @@ class SimEagerDevice:
         self.label = request.label
         self.weight_precision = _precision(request.weight_dtype)
         self.kv_precision = _precision(request.kv_dtype)
-        pace_as = self.machine.config.pace_as
+        pace_as = pace_as_for(self.machine.config.pace_as)
         self.timing_config: Mapping[str, Any] = pace_as_config(pace_as) if pace_as else request.model_config
         self.hardware = timing.HardwareModel.for_device_group(device.sku, 1, None)
         self._held: dict[str, int] = {}

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_sim import timing
-from qaic_sim.config import QAIC_SIM_TIMING, SimConfig, load_config, pace_as_config
+from qaic_sim.config import QAIC_SIM_TIMING, SimConfig, load_config, pace_as_config, pace_as_for
 from qaic_sim.faults import FaultPlan
 from qaic_sim.image import ImageCache, ProgramImage
 from qaic_sim.topology import SimDevice, Topology
@@ -62,7 +62,11 @@ class SimMachine:
                 )
             return 0.0
         return image.device_time_s(
-            spec, devices[0].sku, len(devices), image.manifest.num_cores, self.config.pace_as
+            spec,
+            devices[0].sku,
+            len(devices),
+            image.manifest.num_cores,
+            pace_as_for(self.config.pace_as, str(image.path)),
         )
 
     def slice_transfer_s(self, devices: Sequence[SimDevice], nbytes: int, positions: int) -> float:
@@ -74,8 +78,9 @@ class SimMachine:
         """
         if not self.config.timing or nbytes <= 0:
             return 0.0
-        if self.config.pace_as:
-            shape = timing.DecoderShape.from_config(pace_as_config(self.config.pace_as))
+        pace_as = pace_as_for(self.config.pace_as)
+        if pace_as:
+            shape = timing.DecoderShape.from_config(pace_as_config(pace_as))
             nbytes = positions * shape.kv_elements_per_token * 2
         hw = timing.HardwareModel.for_device_group(devices[0].sku, len(devices), None)
         return nbytes / (hw.host_bytes_per_s * len(devices))
