@@ -47,6 +47,8 @@ def test_mxint8_travels_compact_and_float_kv_raw() -> None:
         assert np.array_equal(back.tensors[name], arr)
     header, buffers = wire.encode_kv(kv, compact=False)
     assert header["nbytes"] == 2 * values.nbytes
+    short = SlotKV(2, {"past_key.0": _device_mxint8((1, 2, 2, 16))}, "mxint8")  # 33 bytes per 16 values
+    assert [t["wire"] for t in wire.encode_kv(short)[0]["tensors"]] == ["raw"]
     raw = SlotKV(3, {"past_key.0": np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)}, "float32")
     header, buffers = wire.encode_kv(raw)
     assert [t["wire"] for t in header["tensors"]] == ["raw"]

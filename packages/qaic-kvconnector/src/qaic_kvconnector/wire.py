@@ -2,7 +2,7 @@
 
 A KV message is a JSON header and one buffer per array, in header order. A float KV travels as
 its raw values; an mxint8 KV travels compact (``mxint8`` codes, then ``e8m0`` exponents, per
-tensor) unless the sender turned that off.
+tensor) unless the sender turned that off or ``head_dim`` is too short for blocks of 32 to pay.
 """
 
 from __future__ import annotations
@@ -55,13 +55,13 @@ def prompt_hash(token_ids: Sequence[int]) -> str:
 
 
 def encode_kv(kv: SlotKV, compact: bool = True) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """``kv`` as a header and its buffers; mxint8 KV as codes and exponents when ``compact``."""
+    """``kv`` as a header and its buffers; mxint8 KV as codes and exponents when ``compact`` and smaller."""
     tensors: list[dict[str, Any]] = []
     buffers: list[np.ndarray] = []
     for name in sorted(kv.tensors):
         arr = np.ascontiguousarray(kv.tensors[name])
         entry: dict[str, Any] = {"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype)}
-        if compact and kv.dtype == "mxint8":
+        if compact and kv.dtype == "mxint8" and mxint8.wire_bytes(arr.shape) < arr.nbytes:
             codes, scales = mxint8.encode(arr)
             entry["wire"] = "mxint8"
             buffers += [codes, scales]
