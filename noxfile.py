@@ -155,6 +155,17 @@ for _backend in ("sim", "qaicrt"):
     _conformance_session(_backend)
 
 
+@nox.session(name="vendor-e2e")
+def vendor_e2e(session: nox.Session) -> None:
+    """vllm-qaic's own end-to-end tests against this plugin on the simulator (tests/vendor/README.md).
+
+    Needs a local clone or mirror of qualcomm/vllm-qaic: ``nox -s vendor-e2e -- --repo PATH``.
+    """
+    ensure_stack(session)
+    runner = ROOT / "tests" / "vendor" / "run_vendor_e2e.py"
+    session.run(_bin("python"), str(runner), *session.posargs, env=_test_env())
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff (lint and format check) and mypy."""

@@ -143,7 +143,7 @@ def test_mxint8_and_mxfp6_on_the_command_line(tiny_model: Path) -> None:
         ({"additional_config": {"override_qaic_config": {"qpc_path": "/nonexistent/qpc"}}}, {}, "qpc_path"),
         ({}, {"VLLM_QAIC_NUM_CORES": "lots"}, "VLLM_QAIC_NUM_CORES"),
         ({}, {"VLLM_QAIC_DFS_EN": "maybe"}, "VLLM_QAIC_DFS_EN"),
-        ({"tensor_parallel_size": 2}, {}, "num_devices"),
+        ({"pipeline_parallel_size": 2}, {}, "num_devices"),
         ({"max_model_len": 100000}, {}, "max_model_len"),
         ({"dtype": "bfloat16"}, {}, "--dtype"),
     ],

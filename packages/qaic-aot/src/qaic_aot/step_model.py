@@ -214,6 +214,7 @@ def open_step_model(config: ExecutionConfig) -> AotStepModel:
         program,
         device_ids=list(settings.device_group) if settings.device_group else None,
         backend=config.device,
+        enable_debug_logs=bool(config.options.get("enable_debug_logs", False)),
     )
     try:
         lm = CausalLM(session, settings)

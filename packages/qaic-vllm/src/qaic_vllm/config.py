@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qaic_core.errors import QaicConfigError
-from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings, parse_settings
+from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings
 from qaic_vllm import envs
+from qaic_vllm.overrides import read_overrides
+from qaic_vllm.sizing import device_cores, fit_shape, group_devices
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -89,36 +91,17 @@ def prefill_seq_len_of(long_prefill_token_threshold: int | None, max_model_len: 
 
 
 def _overrides(vllm_config: VllmConfig) -> dict[str, Any]:
-    additional = vllm_config.additional_config or {}
-    if not isinstance(additional, dict):
-        raise QaicConfigError("--additional-config must be a JSON object")
-    raw = additional.get(OVERRIDE_KEY) or {}
-    if not isinstance(raw, dict):
-        raise QaicConfigError(
-            f"--additional-config {OVERRIDE_KEY} must be a JSON object such as "
-            '\'{"override_qaic_config": {"num_cores": 16}}\''
-        )
-    unknown = sorted(set(raw) - OVERRIDE_KEYS)
-    if unknown:
-        engine = [
-            f"{k} with {SETTINGS[k].engine_arg}" for k in unknown if k in SETTINGS and SETTINGS[k].engine_arg
-        ]
-        hint = f"; set {', '.join(engine)}" if engine else ""
-        raise QaicConfigError(
-            f"--additional-config {OVERRIDE_KEY} has unknown keys {unknown}; "
-            f"known keys: {', '.join(sorted(OVERRIDE_KEYS))}{hint}"
-        )
-    given = {key: value for key, value in raw.items() if value is not None}
-    qpc_path = given.pop("qpc_path", None)
-    merged = envs.overrides_from_env()
-    merged.update(parse_settings(given, lambda key: f"--additional-config {OVERRIDE_KEY} {key}"))
-    if qpc_path is not None:
-        merged["qpc_path"] = qpc_path
-    return merged
+    """Top-level ``device_group``, ``override_qaic_config``, then ``VLLM_QAIC_*`` (vllm-qaic's order)."""
+    return read_overrides(vllm_config)
 
 
-def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
-    """Build (and so validate) the compile settings the engine arguments describe."""
+def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> EngineSettings:
+    """Build (and so validate) the compile settings the engine arguments describe.
+
+    ``num_cores`` defaults to the device's and depth-first scheduling to on (vllm-qaic's defaults).
+    With ``choose_shape`` (the platform, at configuration time) an unset ``--max-num-seqs`` /
+    ``--max-model-len`` is chosen to fit the device group and a given shape that cannot fit is refused.
+    """
     model_config = vllm_config.model_config
     sched = vllm_config.scheduler_config
     source = f"--additional-config {OVERRIDE_KEY} (or VLLM_QAIC_* variables)"
@@ -131,7 +114,7 @@ def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
     threshold = int(sched.long_prefill_token_threshold or 0)
     if threshold < 0:
         raise QaicConfigError(f"--long-prefill-token-threshold ({threshold}) must be >= 0")
-    prefill_seq_len = prefill_seq_len_of(threshold, ctx_len)
+    prefill_seq_len = prefill_seq_len_of(values.pop("prefill_seq_len", None) or threshold, ctx_len)
 
     num_cores = values.get("num_cores")
     if num_cores is not None and not 1 <= num_cores <= MAX_CORES_PER_SOC:
@@ -170,6 +153,11 @@ def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
     kwargs.update((key, value) for key, value in values.items() if key not in VLLM_ONLY_KEYS)
     if "device_group" in values and "num_devices" not in values:
         kwargs["num_devices"] = len(values["device_group"])
+    kwargs.setdefault("aic_enable_depth_first", True)  # vllm-qaic compiles with depth-first on
+    devices = None
+    if "num_cores" not in values:
+        devices = group_devices(kwargs.get("device_group"), int(kwargs.get("num_devices", 1)))
+        kwargs["num_cores"] = device_cores(devices)
     try:
         settings = CompileSettings(**kwargs)
     except QaicConfigError as exc:
@@ -182,6 +170,10 @@ def engine_settings(vllm_config: VllmConfig) -> EngineSettings:
         raise QaicConfigError(
             f"qpc_path {qpc_path} does not exist: fix {source} qpc_path / VLLM_QAIC_QPC_PATH or unset it to compile"
         )
+    if choose_shape and qpc_path is None:
+        if devices is None:
+            devices = group_devices(settings.device_group, settings.num_devices)
+        settings = fit_shape(vllm_config, settings, devices, model_dir_of(str(model_config.model)))
     return EngineSettings(
         compile=settings, qpc_path=qpc_path, dtype=dtype, execution_path=execution_path_of(vllm_config)
     )

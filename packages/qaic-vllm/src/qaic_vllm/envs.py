@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from qaic_core.env import parse_bool
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import SETTINGS
 
@@ -76,3 +77,78 @@ def max_cpu_threads(environ: Mapping[str, str] | None = None) -> int | None:
             f"{VLLM_QAIC_MAX_CPU_THREADS}={raw!r} is not a positive integer: give a thread count such as 1"
         )
     return int(raw)
+
+
+# -- vllm-qaic's other variables (qaic_vllm.vendor describes each) ------------------------------------
+SPEC_TARGET_VARS: dict[str, str] = {
+    "VLLM_QAIC_SPEC_TARGET_QPC_PATH": "qpc_path",
+    "VLLM_QAIC_SPEC_TARGET_MOS": "mos",
+    "VLLM_QAIC_SPEC_TARGET_DFS_EN": "aic_enable_depth_first",
+    "VLLM_QAIC_SPEC_TARGET_QID": "device_group",
+    "VLLM_QAIC_SPEC_TARGET_NUM_CORES": "num_cores",
+    "VLLM_QAIC_SPEC_TARGET_COMPILER_ARGS": "compiler_args",
+}
+"""Under ``--speculative-config``: the target program's settings (they win over the plain variables)."""
+SPEC_DRAFT_VARS: dict[str, str] = {
+    "VLLM_QAIC_SPEC_DRAFT_QPC_PATH": "qpc_path",
+    "VLLM_QAIC_SPEC_DRAFT_MOS": "mos",
+    "VLLM_QAIC_SPEC_DRAFT_DFS_EN": "aic_enable_depth_first",
+    "VLLM_QAIC_SPEC_DRAFT_KV_COMPRESSION": "mxint8",
+    "VLLM_QAIC_SPEC_DRAFT_QID": "device_group",
+    "VLLM_QAIC_SPEC_DRAFT_NUM_CORES": "num_cores",
+    "VLLM_QAIC_SPEC_DRAFT_COMPILER_ARGS": "compiler_args",
+}
+"""The ``draft_model`` program's settings (they win over ``draft_override_qaic_config``)."""
+VLLM_QAIC_ENABLE_LRT_DEBUG = "VLLM_QAIC_ENABLE_LRT_DEBUG"
+VLLM_TORCH_QAIC_PROFILER_DIR = "VLLM_TORCH_QAIC_PROFILER_DIR"
+
+
+def _vendor_vars() -> dict[str, str]:
+    from qaic_vllm import vendor
+
+    return {
+        name: f"vllm-qaic's {key.meaning}: {key.handling} here ({key.here})"
+        for name, key in vendor.ENV_VARS.items()
+    }
+
+
+ENV_VARS.update({name: text for name, text in _vendor_vars().items() if name not in ENV_VARS})
+
+
+def _settings_from(variables: Mapping[str, str], environ: Mapping[str, str] | None) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for var, name in variables.items():
+        raw = env.get(var, "").strip()
+        if raw:
+            out[name] = raw if name == "qpc_path" else SETTINGS[name].parse(raw, var)
+    return out
+
+
+def target_overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``VLLM_QAIC_SPEC_TARGET_*`` as settings by name (read under ``--speculative-config``)."""
+    return _settings_from(SPEC_TARGET_VARS, environ)
+
+
+def draft_overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``VLLM_QAIC_SPEC_DRAFT_*`` as settings by name (read for a ``draft_model`` program)."""
+    return _settings_from(SPEC_DRAFT_VARS, environ)
+
+
+def no_effect_notes(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A line for each vllm-qaic variable that is set but does nothing here (as in vllm-qaic's AOT mode)."""
+    from qaic_vllm import vendor
+
+    env = os.environ if environ is None else environ
+    return [
+        f"{name} has no effect here ({key.here})"
+        for name, key in vendor.ENV_VARS.items()
+        if key.handling == vendor.NO_EFFECT and env.get(name, "").strip()
+    ]
+
+
+def lrt_debug(environ: Mapping[str, str] | None = None) -> bool:
+    """``VLLM_QAIC_ENABLE_LRT_DEBUG=1``: the runtime's debug logs (the session's enable_debug_logs)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(VLLM_QAIC_ENABLE_LRT_DEBUG, "").strip()
+    return parse_bool(raw, VLLM_QAIC_ENABLE_LRT_DEBUG) if raw else False

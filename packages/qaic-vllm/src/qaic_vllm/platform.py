@@ -18,7 +18,9 @@ from qaic_core.execution import PAGED_KV, ExecutionConfig
 from qaic_vllm import envs
 from qaic_vllm.config import engine_settings, execution_path_of
 from qaic_vllm.faults import FaultSettings, check_devices, config_reported, install_exit_report
-from qaic_vllm.quantization import register_mxfp6
+from qaic_vllm.overrides import adopt_engine_args
+from qaic_vllm.quantization import register_mxfp6, register_mxint8_kv_cache
+from qaic_vllm.sizing import apply_shape, install_batch_default_probe
 from qaic_vllm.speculative.config import with_speculation
 from qaic_vllm.torch_device import neutralise_accelerator
 
@@ -143,6 +145,8 @@ class QaicPlatform(Platform):
     def pre_register_and_update(cls, parser: Any = None) -> None:
         """Accept ``--kv-cache-dtype mxint8`` on the command line (vLLM's fp8 value carries it)."""
         register_mxfp6()
+        register_mxint8_kv_cache()
+        install_batch_default_probe()
         if parser is None:
             return
         for action in getattr(parser, "_actions", []):
@@ -168,6 +172,7 @@ class QaicPlatform(Platform):
             return
         from qaic_vllm.validation import validate_model
 
+        adopt_engine_args(vllm_config)
         install_exit_report()
         FaultSettings.from_env()  # a bad fault setting fails here, not at the first fault
         pm = get_plugin_manager()
@@ -179,7 +184,8 @@ class QaicPlatform(Platform):
             configure_paged(vllm_config, path)
             return
         validate_model(vllm_config, path)
-        settings, spec = with_speculation(vllm_config, engine_settings(vllm_config))
+        settings, spec = with_speculation(vllm_config, engine_settings(vllm_config, choose_shape=True))
+        apply_shape(vllm_config, settings.compile)
         if path.check is not None:
             path.check(
                 ExecutionConfig(

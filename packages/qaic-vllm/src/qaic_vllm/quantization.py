@@ -39,3 +39,29 @@ def register_mxfp6() -> None:
 
         def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> None:
             return None
+
+
+def register_mxint8_kv_cache() -> None:
+    """Teach vLLM the ``mxint8`` KV cache dtype, so ``LLM(kv_cache_dtype="mxint8")`` passes its validation.
+
+    The cache itself lives on the device (custom_io.yaml); vLLM only keeps the name.
+    """
+    from vllm.config import cache as vllm_cache
+
+    register = getattr(vllm_cache, "register_kv_cache_dtype", None)
+    if register is None or vllm_cache.is_known_kv_cache_dtype("mxint8"):
+        return
+
+    @register("mxint8")
+    class Mxint8KVCache:
+        """MX INT8: 8-bit values with a shared scale per 32, kept on the device."""
+
+        name = "mxint8"
+
+        def torch_dtype(self) -> torch.dtype:
+            return torch.uint8
+
+        def quant_mode(self) -> Any:
+            from vllm.v1.kv_cache_interface import KVQuantMode
+
+            return KVQuantMode.CUSTOM

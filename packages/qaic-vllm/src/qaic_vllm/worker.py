@@ -18,7 +18,7 @@ from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig, StepModel
 from qaic_vllm import kv_transfer
 from qaic_vllm.config import EngineSettings, engine_settings, model_dir_of
-from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
+from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, lrt_debug, max_cpu_threads
 from qaic_vllm.faults import fatal_reported
 from qaic_vllm.model_runner import SlotModelRunner
 from qaic_vllm.platform import configure_logging
@@ -104,6 +104,7 @@ class QaicWorker(WorkerBase):
             qpc_path=self.settings.qpc_path,
             dtype=self.settings.dtype,
             progress=True,
+            options={"enable_debug_logs": lrt_debug()},  # VLLM_QAIC_ENABLE_LRT_DEBUG
         )
         start = time.perf_counter()
         model = self.path.open(config)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qaic_core.errors import QaicConfigError
-from qaic_core.settings import MAX_CORES_PER_SOC, CompileSettings
+from qaic_core.settings import CompileSettings
+from qaic_vllm.overrides import draft_override
+from qaic_vllm.sizing import device_cores, group_devices
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -42,8 +44,13 @@ class SpecSettings:
     draft_qpc_path: Path | None = None
 
 
-def spec_settings(vllm_config: VllmConfig, engine: EngineSettings) -> SpecSettings | None:
-    """The speculative settings of ``--speculative-config``, or None when it is not given."""
+def spec_settings(
+    vllm_config: VllmConfig, engine: EngineSettings, *, with_draft: bool = True
+) -> SpecSettings | None:
+    """The speculative settings of ``--speculative-config``, or None when it is not given.
+
+    ``with_draft=False`` leaves a draft model's program out (it depends on the target's cores).
+    """
     sc = vllm_config.speculative_config
     if sc is None:
         return None
@@ -78,6 +85,8 @@ def spec_settings(vllm_config: VllmConfig, engine: EngineSettings) -> SpecSettin
             suffix_max_depth=int(sc.suffix_decoding_max_tree_depth),
             suffix_max_cached=int(sc.suffix_decoding_max_cached_requests),
         )
+    if not with_draft:
+        return SpecSettings(method, k)
     return _draft_settings(vllm_config, engine, k)
 
 
@@ -94,18 +103,18 @@ def _draft_settings(vllm_config: VllmConfig, engine: EngineSettings, k: int) -> 
     draft_dir = model_dir_of(str(draft_config.model))
     target_dir = model_dir_of(str(vllm_config.model_config.model))
     check_same_vocabulary(target_dir, draft_dir)
-    raw = dict(_additional(vllm_config).get(DRAFT_OVERRIDE_KEY) or {})
-    unknown = sorted(set(raw) - DRAFT_KEYS)
-    if unknown:
+    raw = draft_override(_additional(vllm_config), DRAFT_OVERRIDE_KEY)
+    shapes = sorted(set(raw) & {"prefill_seq_len"})
+    if shapes:
         raise QaicConfigError(
-            f"--additional-config {DRAFT_OVERRIDE_KEY} has unknown keys {unknown}; known keys: "
-            f"{', '.join(sorted(DRAFT_KEYS))}"
+            f"--additional-config {DRAFT_OVERRIDE_KEY} sets {shapes}: a draft's shapes follow the target's"
         )
     qpc_raw = raw.pop("qpc_path", None)
     target = engine.compile
-    cores = raw.get("num_cores", raw.get("aic_num_cores"))
+    soc_cores = device_cores(group_devices(target.device_group, target.num_devices))
+    cores = raw.get("num_cores")
     if cores is None:
-        cores = max(MAX_CORES_PER_SOC - target.num_cores, 1)
+        cores = max(soc_cores - target.num_cores, 1)
     values: dict[str, Any] = {
         "prefill_seq_len": target.prefill_seq_len,
         "ctx_len": target.ctx_len,
@@ -114,23 +123,22 @@ def _draft_settings(vllm_config: VllmConfig, engine: EngineSettings, k: int) -> 
         "convert_to_fp16": target.convert_to_fp16,
         "device_group": target.device_group,
         "num_devices": target.num_devices,
-        **{key: value for key, value in raw.items() if key not in {"num_cores", "aic_num_cores"}},
+        **{key: value for key, value in raw.items() if key != "num_cores"},
         "num_cores": int(cores),
         # Two tokens per row: the draft catches up on the token it has not seen and the new one at once.
         "num_speculative_tokens": 1,
     }
-    if "device_group" in raw and "num_devices" not in raw and raw["device_group"] is not None:
-        group = raw["device_group"]
-        values["num_devices"] = len(group.split(",") if isinstance(group, str) else group)
+    if raw.get("device_group") is not None and "num_devices" not in raw:
+        values["num_devices"] = len(raw["device_group"])
     try:
         draft = CompileSettings.from_mapping(values)
     except QaicConfigError as exc:
         raise QaicConfigError(f"invalid --additional-config {DRAFT_OVERRIDE_KEY}: {exc}") from exc
-    if draft.num_cores + target.num_cores > MAX_CORES_PER_SOC and draft.device_group == target.device_group:
+    if draft.num_cores + target.num_cores > soc_cores and draft.device_group == target.device_group:
         raise QaicConfigError(
             f"the target takes {target.num_cores} NSP cores and the draft {draft.num_cores}, more than the "
-            f"{MAX_CORES_PER_SOC} of a SoC they share: lower override_qaic_config num_cores or "
-            f"{DRAFT_OVERRIDE_KEY} num_cores (the default split is 8/8)"
+            f"{soc_cores} of a SoC they share: lower override_qaic_config num_cores or "
+            f"{DRAFT_OVERRIDE_KEY} num_cores (the default split is {(soc_cores + 1) // 2}/{soc_cores // 2})"
         )
     return SpecSettings(
         "draft_model",
@@ -149,7 +157,8 @@ def target_settings(
         return engine
     changes: dict[str, Any] = {"num_speculative_tokens": spec.num_speculative_tokens}
     if spec.method == "draft_model" and not _cores_given(vllm_config):
-        changes["num_cores"] = MAX_CORES_PER_SOC // 2
+        soc_cores = device_cores(group_devices(engine.compile.device_group, engine.compile.num_devices))
+        changes["num_cores"] = (soc_cores + 1) // 2  # vllm-qaic: the target takes the larger half
     return dataclasses.replace(engine, compile=engine.compile.replace(**changes))
 
 
@@ -157,7 +166,7 @@ def with_speculation(
     vllm_config: VllmConfig, engine: EngineSettings
 ) -> tuple[EngineSettings, SpecSettings | None]:
     """Both at once, in the order they depend on each other (the draft's cores follow the target's)."""
-    spec = spec_settings(vllm_config, engine)
+    spec = spec_settings(vllm_config, engine, with_draft=False)
     target = target_settings(vllm_config, engine, spec)
     if spec is not None and spec.method == "draft_model":
         spec = _draft_settings(vllm_config, target, spec.num_speculative_tokens)
@@ -197,4 +206,5 @@ def _additional(vllm_config: VllmConfig) -> dict[str, Any]:
 def _cores_given(vllm_config: VllmConfig) -> bool:
     override = _additional(vllm_config).get("override_qaic_config") or {}
     named = isinstance(override, dict) and ("num_cores" in override or "aic_num_cores" in override)
-    return named or bool(os.environ.get("VLLM_QAIC_NUM_CORES", "").strip())
+    env = ("VLLM_QAIC_NUM_CORES", "VLLM_QAIC_SPEC_TARGET_NUM_CORES")
+    return named or any(os.environ.get(name, "").strip() for name in env)
