@@ -102,3 +102,22 @@ def test_overlapping_groups_and_missing_flags_are_refused(tmp_path: Path) -> Non
     with pytest.raises(QaicConfigError, match="decode-device-group"):
         disagg.build_stages(ns, extra)
     assert disagg.main(["--prefill-device-group", "0", "--decode-device-group", "1"]) == 2
+
+
+def test_colocated_instances_and_the_link_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    config = {
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+    }  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    argv = ["--model", str(model), "--decode-device-group", "0", "1", "--log-dir", str(tmp_path)]
+    stages = disagg.build_stages(*disagg.parser().parse_known_args(argv))
+    assert [s.name for s in stages] == ["decode-0", "decode-1"]
+    assert all("--kv-transfer-config" not in s.args for s in stages)
+    monkeypatch.delenv("QAIC_SIM_PACE_AS", raising=False)
+    assert disagg.link_scale("auto", str(model)) == 1.0
+    assert disagg.link_scale("2.5", str(model)) == 2.5
+    monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")  # 24 layers x 2 KV heads x 64 vs 2 x 2 x 16
+    assert disagg.link_scale("auto", str(model)) == 48.0

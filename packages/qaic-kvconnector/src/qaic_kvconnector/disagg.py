@@ -174,6 +174,9 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a decode instance waits for a request's KV before computing it itself")  # fmt: skip
     p.add_argument("--kv-link-gbps", type=float, default=None,
                    help="pace tcp transfers to this link rate (Gbit/s): models a network on one host")  # fmt: skip
+    p.add_argument("--kv-link-scale", default="auto",
+                   help="pace transfers as this many times larger; auto: on a simulator paced as a bigger model "
+                   "(QAIC_SIM_PACE_AS), that model's KV size per position over this model's")  # fmt: skip
     p.add_argument("--on-transfer-failure", choices=["recompute", "fail"], default="recompute",
                    help="a decode instance whose KV does not arrive recomputes the prompt (default) or fails "
                    "that request")  # fmt: skip
@@ -197,8 +200,11 @@ def build_stages(ns: argparse.Namespace, extra: Sequence[str]) -> list[Stage]:
     """The instances to start, each with its full ``vllm serve`` command line arguments."""
     if not ns.model:
         raise QaicConfigError("--model is required to start instances (or give --prefill-url / --decode-url)")
-    if not ns.prefill_device_group or not ns.decode_device_group:
-        raise QaicConfigError("give at least one --prefill-device-group and one --decode-device-group")
+    if not ns.decode_device_group:
+        raise QaicConfigError(
+            "give at least one --decode-device-group (and --prefill-device-group per prefill instance)"
+        )
+    colocated = not ns.prefill_device_group
     per_stage = split_stage_args(extra)
     groups = {
         "prefill": [parse_device_group(g) for g in ns.prefill_device_group],
@@ -236,14 +242,10 @@ def build_stages(ns: argparse.Namespace, extra: Sequence[str]) -> list[Stage]:
             }
             if role == "decode":
                 kv["kv_load_failure_policy"] = ns.on_transfer_failure
-            command = [
-                str(ns.model),
-                "--host", "127.0.0.1",
-                "--port", str(ports[role][i]),
-                "--kv-transfer-config", json.dumps(kv),
-                "--additional-config", json.dumps(config),
-                *args,
-            ]  # fmt: skip
+            command = [str(ns.model), "--host", "127.0.0.1", "--port", str(ports[role][i])]
+            if not colocated:
+                command += ["--kv-transfer-config", json.dumps(kv)]
+            command += ["--additional-config", json.dumps(config), *args]
             stages.append(
                 Stage(role, i, devices, ports[role][i], kv_port, command, log_dir / f"{role}-{i}.log")
             )
@@ -259,7 +261,30 @@ def _extra_config(ns: argparse.Namespace) -> dict[str, Any]:
     }
     if ns.kv_link_gbps:
         extra["link_gbps"] = ns.kv_link_gbps
+        scale = link_scale(ns.kv_link_scale, ns.model)
+        if scale != 1.0:
+            extra["link_scale"] = scale
     return extra
+
+
+def link_scale(value: str, model: str) -> float:
+    """``--kv-link-scale``: a number, or ``auto``: on a simulator paced as a bigger model
+    (``QAIC_SIM_PACE_AS``), that model's KV bytes per position over this model's, else 1."""
+    if value != "auto":
+        return float(value)
+    pace_as = os.environ.get("QAIC_SIM_PACE_AS", "").strip()
+    if not pace_as:
+        return 1.0
+    try:
+        from qaic_sim.config import pace_as_config
+        from qaic_sim.timing_shape import DecoderShape
+    except ImportError:
+        return 1.0
+    paced = DecoderShape.from_config(pace_as_config(pace_as)).kv_elements_per_token
+    own = DecoderShape.from_config(
+        json.loads((Path(model) / "config.json").read_text())
+    ).kv_elements_per_token
+    return paced / own
 
 
 def vllm_command() -> list[str]:

@@ -19,6 +19,7 @@ EXTRA_KEYS: dict[str, str] = {
     "transfer_timeout_s": "seconds a decode instance waits for one request's KV before recomputing it",
     "keep_s": "seconds a prefill instance keeps KV that no decode instance has fetched",
     "link_gbps": "a prefill instance sends KV over TCP at this rate (Gbit/s): models a network on one host",
+    "link_scale": "pace as if each transfer were this many times larger (a paced simulator's bigger model)",
     "compact_mxint8": "send an mxint8 KV cache as codes and scales (1 + 1/32 bytes per value)",
 }
 """``kv_connector_extra_config`` keys the connector reads."""
@@ -35,6 +36,7 @@ class ConnectorSettings:
     transfer_timeout_s: float = 30.0
     keep_s: float = 120.0
     link_gbps: float | None = None
+    link_scale: float = 1.0
     compact_mxint8: bool = True
     engine_id: str = ""
 
@@ -72,6 +74,7 @@ class ConnectorSettings:
             transfer_timeout_s=_positive(extra, "transfer_timeout_s", 30.0, where),
             keep_s=_positive(extra, "keep_s", 120.0, where),
             link_gbps=None if link in (None, "", 0) else _positive(extra, "link_gbps", 0.0, where),
+            link_scale=_positive(extra, "link_scale", 1.0, where),
             compact_mxint8=parse_bool(extra.get("compact_mxint8", True), f"{where} compact_mxint8"),
             engine_id=engine_id,
         )

@@ -88,11 +88,13 @@ class KVServer:
         transport: str = "tcp",
         keep_s: float = 120.0,
         link_gbps: float | None = None,
+        link_scale: float = 1.0,
     ) -> None:
         self.fingerprint = dict(fp)
         self.transport = transport
         self.keep_s = keep_s
         self.link_gbps = link_gbps
+        self.link_scale = link_scale
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -209,7 +211,7 @@ class KVServer:
             return
         if self.link_gbps:
             # One link, one transfer at a time: the KV leaves after the time it takes at link rate.
-            self._stop.wait(int(entry.header["nbytes"]) * 8 / (self.link_gbps * 1e9))
+            self._stop.wait(int(entry.header["nbytes"]) * self.link_scale * 8 / (self.link_gbps * 1e9))
         frames: list[Any] = [ident, KV, json.dumps(entry.header).encode()]
         frames += [_raw(b) for b in entry.buffers]
         self._sock.send_multipart(frames, copy=False)

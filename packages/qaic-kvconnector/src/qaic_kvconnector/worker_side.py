@@ -63,7 +63,9 @@ class WorkerSide:
         probe = model.read_slot_kv(0, 1)
         self.fingerprint = wire.fingerprint(self.model_name, model.shape.ctx_len, probe)
         s = self.settings
-        self.server = KVServer(s.host, s.port, self.fingerprint, s.transport, s.keep_s, s.link_gbps)
+        self.server = KVServer(
+            s.host, s.port, self.fingerprint, s.transport, s.keep_s, s.link_gbps, s.link_scale
+        )
         if s.is_consumer:
             self.client = KVClient(self.fingerprint, s.transfer_timeout_s)
         log.info(
