@@ -48,7 +48,11 @@ def _run_job(kind: str, args: dict[str, Any]) -> dict[str, Any]:
         return hf_generate_tok_s(
             Path(args["model"]), args["input_lens"], args["output_len"], args["batch"], args["dtype"]
         )
-    raise ValueError(f"unknown job kind {kind!r}: use raw, host or hf")
+    if kind == "spec":
+        from qaic_bench.speculative import spec_run
+
+        return spec_run(args)
+    raise ValueError(f"unknown job kind {kind!r}: use raw, host, hf or spec")
 
 
 def run_in_child(

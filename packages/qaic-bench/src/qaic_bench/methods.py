@@ -93,6 +93,13 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             f"run of the same workload ({_f(unpaced.get('output_throughput', '?'))} tok/s). ratio = serve / "
             "transformers: both compute the small model on this CPU, so this compares the stacks, not devices."
         ),
+        "speculative": (
+            f"Each configuration in its own process, paced as Llama-3.1-8B (target) with Llama-3.2-1B (draft) "
+            f"on one {s.topology} SoC; {s.batch} requests of {s.spec_input_len} prompt tokens and "
+            f"{s.spec_output_len} output tokens; K in {list(s.spec_ks)}; speed-up = output tok/s over the same "
+            "workload without speculation on all 16 cores; acceptance = vLLM's accepted / proposed drafts at "
+            "the largest K. The draft is the target's own weights, and the tiny models decide acceptance."
+        ),
         "timing_model": (
             "`qaic-sim fidelity --json`: the simulator's roofline timing model against every published "
             "Cloud AI 100 decode rate (batch 1, prompt 1024, generate 1024, ctx 2048). Computed, not timed."

@@ -16,6 +16,7 @@ REPORT_KEYS = (
     "hf_baseline",
     "timing_model",
     "startup_s",
+    "speculative",
     "machine",
     "commit",
 )
@@ -36,6 +37,7 @@ TITLES = {
     "hf_baseline": "3. transformers baseline",
     "timing_model": "4. Timing-model fidelity",
     "startup_s": "5. Start-up",
+    "speculative": "6. Speculative decoding (paced as Llama-3.1-8B with a Llama-3.2-1B draft)",
 }
 
 
@@ -139,6 +141,27 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
         return _table(
             ["first start s (export + compile)", "cached start s"], [[value["first"], value["cached"]]]
         )
+    if key == "speculative":
+        methods = sorted(value["speedup_vs_k"])
+        ks = sorted({k for m in methods for k in value["speedup_vs_k"][m]}, key=int)
+        rows = [[m, *[value["speedup_vs_k"][m].get(k) for k in ks]] for m in methods]
+        lines = _table(["method", *[f"speed-up K={k}" for k in ks]], rows, digits=(0, *[3] * len(ks)))
+        acc = value["acceptance"]
+        lines += [
+            "",
+            *_table(
+                ["method", "acceptance (repetitive)", "acceptance (non-repetitive)"],
+                [[m, acc[m].get("repetitive"), acc[m].get("non_repetitive")] for m in sorted(acc)],
+                digits=(0, 3, 3),
+            ),
+        ]
+        base = value["baseline_tok_s"]
+        return [
+            *lines,
+            "",
+            f"Without speculation: {base['repetitive']} tok/s (repetitive), "
+            f"{base['non_repetitive']} tok/s (non-repetitive).",
+        ]
     if key == "timing_model":
         rows = [[r[k] for k in TIMING_ROW_KEYS] for r in value]
         lines = _table(["card", "model", "precision", "published tok/s", "modelled tok/s", "error %"], rows)

@@ -180,6 +180,45 @@ class Runner:
         """The simulator's timing model against every published decode figure (``qaic-sim fidelity``)."""
         self.report.data["timing_model"] = timing_model_rows(self.env)
 
+    def part_speculative(self) -> None:
+        """Speed-up against K per method, and acceptance per workload, paced as an 8B/1B pair."""
+        from qaic_bench import speculative
+
+        draft = speculative.draft_copy(self.model, self.work)
+        env = {
+            **self.env,
+            "QAIC_SIM_PACE": "1",
+            "QAIC_SIM_PACE_AS": speculative.pace_as(self.model, draft),
+        }
+        common = {
+            "model": str(self.model),
+            "draft": str(draft),
+            "max_model_len": self.s.max_model_len,
+            "batch": self.s.batch,
+            "prefill_seq_len": self.s.prefill_seq_len,
+            "input_len": self.s.spec_input_len,
+            "output_len": self.s.spec_output_len,
+            "dtype": self.dtype,
+        }
+        runs: dict[str, Any] = {}
+        configs = [("none", 0)] + [(m, k) for m in ("ngram", "suffix", "draft_model") for k in self.s.spec_ks]
+        for method, k in configs:
+            name = "none" if method == "none" else f"{method}-k{k}"
+            workloads = (
+                list(speculative.WORKLOADS)
+                if method == "none" or k == max(self.s.spec_ks)
+                else ["repetitive"]
+            )
+            runs[name] = run_in_child(
+                "spec",
+                {**common, "method": method, "k": k, "workloads": workloads},
+                env,
+                self.work / f"spec-{name}",
+            )
+            log.info("speculative %s: %s", name, runs[name])
+        self.results["speculative_runs"] = runs
+        self.report.data["speculative"] = speculative.summarise(runs, self.s.spec_ks)
+
     def run(self) -> BenchReport:
         self.report.data["machine"] = machine_info()
         self.report.data["commit"], self.report.dirty = git_commit()
@@ -189,11 +228,23 @@ class Runner:
             ("stack_overhead", "1. cached start, and stack overhead (paced)", self.part_stack),
             ("hf_baseline", "3. transformers baseline", self.part_hf),
             ("host_overhead_us", "2. host overhead per decode step", self.part_host),
+            (
+                "speculative",
+                "6. speculative decoding (paced as Llama-3.1-8B with a Llama-3.2-1B draft)",
+                self.part_speculative,
+            ),
         ]
         for key, title, fn in parts:
             with self.part(key, title):
                 fn()
-        for key in ("stack_overhead", "host_overhead_us", "hf_baseline", "timing_model", "startup_s"):
+        for key in (
+            "stack_overhead",
+            "host_overhead_us",
+            "hf_baseline",
+            "timing_model",
+            "startup_s",
+            "speculative",
+        ):
             if key not in self.report.data:
                 self.report.errors.setdefault(key, "not measured: an earlier part failed (see the log above)")
         self.report.methods = methods.describe(self.s, self.dtype, self.model.name, self.results)

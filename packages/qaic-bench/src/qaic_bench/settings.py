@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from qaic_bench.server import ServeShape, Workload
@@ -34,11 +34,17 @@ class BenchSettings:
     host_batches: tuple[int, ...] = (1, 8, 32)
     pace_as: str = DEFAULT_PACE_AS
     topology: str = "ultra"
+    spec_ks: tuple[int, ...] = (1, 2, 4)
+    spec_input_len: int = 48
+    spec_output_len: int = 48
 
     @classmethod
     def preset(cls, name: str, pace_as: str = DEFAULT_PACE_AS) -> BenchSettings:
         """The ``quick`` or ``full`` settings, paced to ``pace_as``."""
-        return cls(*_PRESETS[name], pace_as=pace_as)
+        settings = cls(*_PRESETS[name], pace_as=pace_as)
+        if name == "quick":
+            settings = replace(settings, spec_ks=(2, 4))
+        return settings
 
     @classmethod
     def quick(cls, pace_as: str = DEFAULT_PACE_AS) -> BenchSettings:
