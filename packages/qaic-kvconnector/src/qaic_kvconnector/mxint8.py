@@ -31,23 +31,32 @@ def encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(blocks)):
         raise ValueError("an mxint8 KV cache cannot hold inf or NaN")
     amax = np.abs(blocks).max(axis=-1)
-    _, e = np.frexp(amax)  # amax = m * 2**e, m in [0.5, 1): floor(log2(amax)) = e - 1
+    mant, e = np.frexp(amax)  # amax = m * 2**e, m in [0.5, 1): floor(log2(amax)) = e - 1
     shared = np.clip(np.where(amax > 0, e.astype(np.int32) - 1, E_MIN), E_MIN, E_MAX)
-    # A block whose largest magnitude is code -128 (-2 * 2**e) is held one exponent lower: keep it there.
-    lower = np.ldexp(blocks, -(shared[..., None] - 1)) * 64.0
-    exact = np.all((lower == np.rint(lower)) & (lower >= -128) & (lower <= 127), axis=-1) & (shared > E_MIN)
-    shared = np.where(exact, shared - 1, shared)
-    k = np.clip(np.rint(np.ldexp(blocks, -shared[..., None]) * 64.0), -128, 127).astype(np.int8)
+    # A block whose largest magnitude is a power of two may be code -128 one exponent lower: keep it there.
+    edge = np.flatnonzero((mant == 0.5) & (shared > E_MIN))
+    if edge.size:
+        flat_blocks = blocks.reshape(-1, BLOCK)
+        flat_shared = shared.reshape(-1)
+        lower = flat_blocks[edge] * _pow2(-(flat_shared[edge] - 1))[:, None] * np.float32(64)
+        fits = np.all((lower == np.rint(lower)) & (lower >= -128) & (lower <= 127), axis=-1)
+        flat_shared[edge[fits]] -= 1
+    scaled = blocks * (_pow2(-shared) * np.float32(64))[..., None]
+    k = np.clip(np.rint(scaled, out=scaled), -128, 127, out=scaled).astype(np.int8)
     codes = k.reshape(*k.shape[:-2], -1)
     return codes, (shared + E8M0_BIAS).astype(np.uint8)
 
 
 def decode(codes: np.ndarray, scales: np.ndarray, width: int, dtype: np.dtype | str) -> np.ndarray:
     """Values from codes and exponents, the last axis cut back to ``width``, as ``dtype``."""
-    k = codes.astype(np.float32).reshape(*codes.shape[:-1], -1, BLOCK)
-    shared = scales.astype(np.int32) - E8M0_BIAS
-    values = np.ldexp(k / 64.0, shared[..., None]).astype(np.float32)
-    return values.reshape(*values.shape[:-2], -1)[..., :width].astype(dtype)
+    k = codes.reshape(*codes.shape[:-1], -1, BLOCK).astype(np.float32)
+    k *= (_pow2(scales.astype(np.int32) - E8M0_BIAS) / np.float32(64))[..., None]
+    return k.reshape(*k.shape[:-2], -1)[..., :width].astype(dtype)
+
+
+def _pow2(exponents: np.ndarray) -> np.ndarray:
+    """2**e as float32, exactly (E8M0's range, subnormals included)."""
+    return np.ldexp(np.float32(1), exponents.astype(np.int32)).astype(np.float32)
 
 
 def wire_bytes(shape: tuple[int, ...]) -> int:

@@ -278,15 +278,15 @@ class KVClient:
             buffers = list(frames[1:])
         else:
             raise TransferError(f"the prefill instance at {where} sent an unknown reply {kind!r}")
-        nbytes = sum(len(b) for b in buffers)
+        nbytes = sum(memoryview(b).nbytes for b in buffers)
         kv = wire.decode_kv(header, buffers)
         return Fetched(kv=kv, nbytes=nbytes, seconds=time.monotonic() - start)
 
 
 def request(
     ctx: zmq.Context, where: str, kind: bytes, body: Mapping[str, Any], timeout_s: float
-) -> tuple[bytes, list[bytes]]:
-    """Send one message and wait for the reply: (kind, [header, *buffers]).
+) -> tuple[bytes, list[Any]]:
+    """Send one message and wait for the reply: (kind, [header bytes, *buffers as memoryviews]).
 
     Raises :class:`TransferError` when the peer cannot be reached (connection refused or lost)
     or does not answer within ``timeout_s``.
@@ -310,8 +310,8 @@ def request(
                 raise TransferError(f"no answer from {where} within {timeout_s:g}s")
             events = dict(poller.poll(int(min(left, 0.5) * 1000) + 1))
             if sock in events:
-                frames = sock.recv_multipart(copy=True)
-                return frames[0], frames[1:]
+                frames = sock.recv_multipart(copy=False)
+                return frames[0].bytes, [frames[1].bytes, *(f.buffer for f in frames[2:])]
             if monitor in events:
                 event = recv_monitor_message(monitor)
                 if event["event"] == zmq.EVENT_DISCONNECTED:

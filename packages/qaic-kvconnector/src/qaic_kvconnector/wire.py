@@ -90,7 +90,7 @@ def decode_kv(header: Mapping[str, Any], buffers: Sequence[Any]) -> SlotKV:
             tensors[entry["name"]] = mxint8.decode(codes, scales, shape[-1], dtype)
             i += 2
         elif entry["wire"] == "raw":
-            tensors[entry["name"]] = np.frombuffer(buffers[i], dtype=dtype).reshape(shape).copy()
+            tensors[entry["name"]] = np.frombuffer(buffers[i], dtype=dtype).reshape(shape)
             i += 1
         else:
             raise ValueError(f"unknown KV wire format {entry['wire']!r} for {entry['name']}")
