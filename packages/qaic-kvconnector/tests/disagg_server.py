@@ -137,3 +137,49 @@ class Disagg:
             return self.instances()
         except (OSError, ValueError):
             return {}
+
+
+class VllmInstance:
+    """One ``vllm serve`` on 127.0.0.1 with its output in a log file."""
+
+    def __init__(self, model: Path, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        vllm = Path(sys.executable).parent / "vllm"
+        command = [str(vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        env = dict(os.environ)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        env.setdefault("QAIC_BACKEND", "sim")
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def wait_ready(self, timeout: float = 600.0) -> VllmInstance:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log()[-6000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"vllm serve did not become ready in {timeout:.0f}s")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from disagg_server import Disagg
+from disagg_server import Disagg, VllmInstance
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -230,3 +230,46 @@ def test_decode_refuses_kv_from_another_ctx_len_and_computes_the_prompt(
         assert arrivals(decode_log) == 0
     finally:
         d.stop()
+
+
+def test_one_instance_in_both_roles_and_the_fail_policy(tiny_model: Path, tmp_path: Path) -> None:
+    """kv_both with kv_port 0: the KV server's real port reaches the scheduler; a load that fails fails alone."""
+    from qaic_kvconnector.wire import prompt_hash
+
+    kv = {
+        "kv_connector": "QaicConnector",
+        "kv_role": "kv_both",
+        "kv_port": 0,
+        "kv_load_failure_policy": "fail",
+    }
+    args = [*COMMON, "--max-model-len", "256", "--max-num-seqs", "2", "--kv-transfer-config", json.dumps(kv)]
+    inst = VllmInstance(tiny_model, args, tmp_path / "vllm-serve.log").wait_ready()
+    try:
+        prompt = prompt_ids(3)
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 0, **GREEDY}
+        alone = httpx.post(inst.url + "/v1/completions", json=body, timeout=120).json()["choices"][0][
+            "token_ids"
+        ]
+        first = httpx.post(
+            inst.url + "/v1/completions",
+            json={**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
+            timeout=120,
+        ).json()
+        params = first["kv_transfer_params"]
+        assert params["do_remote_prefill"] and params["num_tokens"] == len(prompt) - 1
+        assert params["remote_port"] > 0 and f"127.0.0.1:{params['remote_port']}" in inst.log()
+        handed = httpx.post(
+            inst.url + "/v1/completions", json={**body, "kv_transfer_params": params}, timeout=120
+        )
+        assert handed.json()["choices"][0]["token_ids"] == alone
+        lost = {**params, "remote_port": 1, "remote_request_id": "gone", "prompt_hash": prompt_hash(prompt)}
+        failed = httpx.post(
+            inst.url + "/v1/completions", json={**body, "kv_transfer_params": lost}, timeout=120
+        )
+        assert failed.status_code == 500
+        assert "did not arrive (tcp://127.0.0.1:1 refuses connections" in inst.log()
+        assert "the request fails" in inst.log()
+        again = httpx.post(inst.url + "/v1/completions", json=body, timeout=120)  # the instance goes on
+        assert again.json()["choices"][0]["token_ids"] == alone
+    finally:
+        inst.stop()

@@ -39,6 +39,8 @@ class ConnectorSettings:
     link_scale: float = 1.0
     compact_mxint8: bool = True
     engine_id: str = ""
+    on_failure: str = "recompute"
+    """vLLM's ``kv_load_failure_policy``: a decode instance recomputes a prompt whose KV did not arrive, or fails it."""
 
     @property
     def is_producer(self) -> bool:
@@ -50,7 +52,12 @@ class ConnectorSettings:
 
     @classmethod
     def from_mapping(
-        cls, role: str | None, port: int, extra: Mapping[str, Any], engine_id: str = ""
+        cls,
+        role: str | None,
+        port: int,
+        extra: Mapping[str, Any],
+        engine_id: str = "",
+        on_failure: str = "recompute",
     ) -> ConnectorSettings:
         """Validate the values of ``--kv-transfer-config``; errors name the key and what it takes."""
         where = "--kv-transfer-config kv_connector_extra_config"
@@ -77,6 +84,7 @@ class ConnectorSettings:
             link_scale=_positive(extra, "link_scale", 1.0, where),
             compact_mxint8=parse_bool(extra.get("compact_mxint8", True), f"{where} compact_mxint8"),
             engine_id=engine_id,
+            on_failure=on_failure,
         )
 
     @classmethod
@@ -87,6 +95,7 @@ class ConnectorSettings:
             int(kv_transfer_config.kv_port),
             dict(kv_transfer_config.kv_connector_extra_config or {}),
             str(kv_transfer_config.engine_id or ""),
+            str(getattr(kv_transfer_config, "kv_load_failure_policy", "fail")),
         )
 
 

@@ -115,9 +115,12 @@ class WorkerSide:
             except Exception as exc:
                 self.totals.failed += 1
                 self._failed.add(req_id)
-                log.warning(
-                    "qaic: the KV of request %s did not arrive (%s); computing its prompt here", req_id, exc
+                then = (
+                    "computing its prompt here"
+                    if self.settings.on_failure == "recompute"
+                    else "the request fails"
                 )
+                log.warning("qaic: the KV of request %s did not arrive (%s); %s", req_id, exc, then)
                 continue
             self.totals.received += 1
             self.totals.received_bytes += got.nbytes
