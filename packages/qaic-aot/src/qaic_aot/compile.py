@@ -6,6 +6,7 @@ import importlib.metadata as md
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +107,12 @@ def ensure_export(
     params: dict[str, Any],
     *,
     progress: bool = True,
+    export: Callable[[Path], Any] | None = None,
 ) -> Path:
-    """The cached ONNX of ``model_dir``, exported under a lock unless it is already there."""
+    """The cached ONNX of ``model_dir``, exported under a lock unless it is already there.
+
+    ``export(onnx_path)`` writes the graph; the causal-LM exporter (``run_export``) by default.
+    """
     onnx_path = edir / f"{model_name}.onnx"
     with cache.locked(edir):
         if export_reusable(edir, onnx_path):
@@ -115,7 +120,10 @@ def ensure_export(
             return onnx_path
         tmp = cache.temporary_dir(edir)
         try:
-            run_export(model_dir, tmp / onnx_path.name, settings, progress=progress)
+            if export is not None:
+                export(tmp / onnx_path.name)
+            else:
+                run_export(model_dir, tmp / onnx_path.name, settings, progress=progress)
             layout.write_json(tmp / layout.EXPORT_PARAMS_FILE, params)
             integrity.seal(tmp, "export", recursive=False)
             # The manifest goes last: it marks a complete export (the params file did before it).
@@ -181,15 +189,23 @@ def ensure_compiled(
     hf_config: dict[str, Any],
     *,
     progress: bool = True,
+    write_inputs: Callable[[Path, Path], list[str]] | None = None,
 ) -> Path:
-    """The cached program for ``params``, compiled under a lock unless it already exists."""
+    """The cached program for ``params``, compiled under a lock unless it already exists.
+
+    ``write_inputs(onnx_path, out_dir)`` writes the compiler's input files and returns its argv
+    (``write_compile_inputs``, a causal LM's, by default).
+    """
     with cache.locked(cdir):
         if compiled_reusable(cdir, backend):
             log.info("reusing compiled program %s", cdir)
             return cdir
 
         def build(tmp: Path) -> None:
-            argv = write_compile_inputs(onnx_path, tmp, settings)
+            if write_inputs is not None:
+                argv = write_inputs(onnx_path, tmp)
+            else:
+                argv = write_compile_inputs(onnx_path, tmp, settings)
             with stage(f"compiling {onnx_path.name} with {backend.name}", enabled=progress, logger=log):
                 run_compiler(backend, argv)
             if not layout.qpc_exists(tmp):

@@ -5,23 +5,34 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qaic_aot.export.families import SUPPORTED_ARCHITECTURES
+from qaic_aot.export.pooling_archs import POOLING_ARCHITECTURES
 from qaic_core import hookimpl
 from qaic_core.descriptors import ExecutionPath
-from qaic_core.execution import OVERLAP, SLOT_KV_TRANSFER, SPECULATIVE_VERIFY
+from qaic_core.execution import GENERATE, OVERLAP, SLOT_KV_TRANSFER, SPECULATIVE_VERIFY
 
 if TYPE_CHECKING:
+    from qaic_aot.pooling import AotPoolingModel
     from qaic_aot.step_model import AotStepModel
     from qaic_core.execution import ExecutionConfig
 
 
-def open_step_model(config: ExecutionConfig) -> AotStepModel:
-    """Imported on use: loading the plugin stays free of torch and onnx."""
+def open_step_model(config: ExecutionConfig) -> AotStepModel | AotPoolingModel:
+    """Imported on use: loading the plugin stays free of torch and onnx. Pooling tasks open a pooling model."""
+    if config.task != GENERATE:
+        from qaic_aot import pooling
+
+        return pooling.open_pooling_model(config)
     from qaic_aot import step_model
 
     return step_model.open_step_model(config)
 
 
 def check(config: ExecutionConfig) -> None:
+    if config.task != GENERATE:
+        from qaic_aot import pooling
+
+        pooling.check(config)
+        return
     from qaic_aot import step_model
 
     step_model.check(config)
@@ -39,5 +50,6 @@ def qaic_execution_paths() -> list[ExecutionPath]:
             capabilities=frozenset({OVERLAP, SPECULATIVE_VERIFY, SLOT_KV_TRANSFER}),
             priority=10,
             description="export to ONNX, compile to a cached QPC and run it (QEfficient's IO contract)",
+            pooling_architectures=frozenset(POOLING_ARCHITECTURES),
         )
     ]

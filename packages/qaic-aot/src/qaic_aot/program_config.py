@@ -111,10 +111,16 @@ def compiler_argv(
     settings: CompileSettings,
     *,
     has_custom_io: bool = True,
+    retained_state: bool = True,
 ) -> list[str]:
-    """``qaic-compile`` arguments (without the program name) for a program built into ``out_dir``."""
+    """``qaic-compile`` arguments (without the program name) for a program built into ``out_dir``.
+
+    ``retained_state`` is off for programs that keep nothing between runs (pooling models).
+    """
     s = settings
-    argv = ["-aic-hw", "-aic-hw-version=ai100", f"-m={onnx_path}", "-retained-state"]
+    argv = ["-aic-hw", "-aic-hw-version=ai100", f"-m={onnx_path}"]
+    if retained_state:
+        argv.append("-retained-state")
     if s.convert_to_fp16:
         argv.append("-convert-to-fp16")
     if s.mxfp6:

@@ -11,7 +11,7 @@ from qaic_core.runtime import AicApiModule, QaicrtModule
 
 if TYPE_CHECKING:
     from qaic_core.eager import EagerDevice, EagerDeviceRequest
-    from qaic_core.execution import ExecutionConfig, PagedStepModel, StepModel
+    from qaic_core.execution import ExecutionConfig, PagedStepModel, PoolingModel, StepModel
 
 
 @dataclass(frozen=True)
@@ -64,19 +64,22 @@ class ExecutionPath:
     device group of ``config.settings``; it may compile, load weights and take minutes, logging
     its progress. ``check(config)`` runs the checks that need no device (a prebuilt program's
     shapes, options the path lacks) so the platform can fail at configuration time.
-    ``architectures`` lists the Hugging Face architecture names the path runs.
+    ``architectures`` lists the Hugging Face architecture names the path generates with;
+    ``pooling_architectures`` those it opens as a :class:`qaic_core.execution.PoolingModel` when
+    ``config.task`` is ``embed`` or ``classify`` (empty: the path serves no pooling models).
     """
 
     name: str
     package: str
     architectures: frozenset[str]
-    open: Callable[[ExecutionConfig], StepModel | PagedStepModel]
+    open: Callable[[ExecutionConfig], StepModel | PagedStepModel | PoolingModel]
     capabilities: frozenset[str] = field(default_factory=frozenset)
     check: Callable[[ExecutionConfig], None] | None = None
     attention_backend: str | None = None
     is_available: Callable[[], bool] = lambda: True
     priority: int = 0
     description: str = ""
+    pooling_architectures: frozenset[str] = field(default_factory=frozenset)
 
 
 CAPABILITIES = frozenset(

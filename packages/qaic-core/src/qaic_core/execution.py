@@ -10,6 +10,10 @@ Two KV layouts exist:
   a step is at most one prefill chunk per call plus one full-batch decode.
 - **paged** (``pyt``, capability ``paged_kv``): the KV lives in blocks as vLLM lays them out;
   a step is one flattened batch with block tables (:class:`PagedStepModel`).
+
+A pooling model (``ExecutionConfig.task`` ``embed`` or ``classify``) keeps no KV at all: a run
+takes a batch of whole token sequences and returns hidden states, pooled vectors or class logits
+(:class:`PoolingModel`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,83 @@ PREFIX_CACHING = "prefix_caching"
 """Blocks computed for one request can be reused by another with the same prefix."""
 
 STEP_CAPABILITIES = frozenset({OVERLAP, SPECULATIVE_VERIFY, SLOT_KV_TRANSFER, PAGED_KV, PREFIX_CACHING})
+
+GENERATE = "generate"
+"""Task of a causal LM stepped token by token (:class:`StepModel` or :class:`PagedStepModel`)."""
+EMBED = "embed"
+"""Task of an embedding model: a sequence in, hidden states or one pooled vector out."""
+CLASSIFY = "classify"
+"""Task of a sequence classifier (a cross-encoder scores with it): a sequence in, class logits out."""
+TASKS = (GENERATE, EMBED, CLASSIFY)
+POOLING_TASKS = (EMBED, CLASSIFY)
+
+POOL_ON_HOST = "cpu"
+"""``pooling_device`` value: the program returns every token's hidden state; the host pools."""
+POOL_ON_DEVICE = "qaic"
+"""``pooling_device`` value: pooling (and normalization, when asked) is compiled into the program."""
+POOLING_DEVICES = (POOL_ON_HOST, POOL_ON_DEVICE)
+POOLING_METHODS = ("mean", "avg", "cls", "max", "last")
+"""Pooling a program can compile in (QEfficient's names; ``avg`` is ``mean``, ``last`` the last real token)."""
+
+
+@dataclass(frozen=True)
+class PoolingSettings:
+    """How a pooling model is compiled: its sequence-length specializations and where it pools.
+
+    ``seq_lens`` are the ``embed_seq_len`` specializations in ascending order; a batch runs on the
+    smallest that holds its longest sequence, padding masked. ``method`` and ``normalize`` apply
+    when ``device`` is ``qaic`` (pooling compiled into the program) and are ignored on the host,
+    where the serving framework pools; a classifier's head always runs in the program.
+    """
+
+    seq_lens: tuple[int, ...]
+    device: str = POOL_ON_HOST
+    method: str = "mean"
+    normalize: bool = False
+
+    def __post_init__(self) -> None:
+        from qaic_core.errors import QaicConfigError
+
+        if not self.seq_lens or any(not isinstance(n, int) or n < 1 for n in self.seq_lens):
+            raise QaicConfigError(
+                f"embed_seq_len {list(self.seq_lens)} must list positive sequence lengths, e.g. [32, 256]"
+            )
+        if list(self.seq_lens) != sorted(set(self.seq_lens)):
+            object.__setattr__(self, "seq_lens", tuple(sorted(set(self.seq_lens))))
+        if self.device not in POOLING_DEVICES:
+            raise QaicConfigError(
+                f"pooling_device {self.device!r} is not one of {', '.join(POOLING_DEVICES)}: cpu pools on "
+                "the host, qaic compiles pooling into the program"
+            )
+        if self.method not in POOLING_METHODS:
+            raise QaicConfigError(
+                f"pooling_method {self.method!r} is not one of {', '.join(POOLING_METHODS)}"
+            )
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.seq_lens[-1]
+
+    def bucket(self, num_tokens: int) -> int:
+        """The smallest compiled sequence length that holds ``num_tokens`` tokens."""
+        for n in self.seq_lens:
+            if num_tokens <= n:
+                return n
+        from qaic_core.errors import QaicConfigError
+
+        raise QaicConfigError(
+            f"a sequence of {num_tokens} tokens is longer than the largest embed_seq_len {self.max_seq_len}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq_lens": list(self.seq_lens),
+            "device": self.device,
+            "method": self.method,
+            "normalize": self.normalize,
+        }
+
+
 """Capability names a step model may claim; a runner checks them instead of probing attributes."""
 
 
@@ -59,6 +140,10 @@ class ExecutionConfig:
     dtype: str = "float32"
     progress: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    task: str = GENERATE
+    """``generate`` opens a step model; ``embed`` / ``classify`` a :class:`PoolingModel`."""
+    pooling: PoolingSettings | None = None
+    """Sequence lengths and pooling of a pooling task (``settings.decode_batch_size`` rows per run)."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +308,52 @@ class PagedStepModel(Protocol):
 
     def submit_batch(self, batch: PagedBatch) -> Pending[np.ndarray]:
         """Run one step; logits ``[len(logits_indices), vocab]``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PoolingShape:
+    """The static shape of a pooling model: rows per run, compiled lengths and what a row returns."""
+
+    batch_size: int
+    """Sequences per run; a batch with fewer is padded with masked rows."""
+    seq_lens: tuple[int, ...]
+    """Compiled sequence lengths, ascending; a run uses the smallest that holds its longest sequence."""
+    hidden_size: int
+    output: str
+    """``hidden`` (every token's hidden state), ``pooled`` (one vector) or ``logits`` (class logits)."""
+    width: int
+    """Length of a returned row: ``hidden_size`` for hidden and pooled output, the labels for logits."""
+
+
+HIDDEN_OUTPUT = "hidden"
+POOLED_OUTPUT = "pooled"
+LOGITS_OUTPUT = "logits"
+
+
+@runtime_checkable
+class PoolingModel(Protocol):
+    """A pooling model on a device group: whole sequences in, one result per sequence out (no KV)."""
+
+    @property
+    def pooling_shape(self) -> PoolingShape: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+    def submit(self, sequences: Sequence[Sequence[int]]) -> Pending[list[np.ndarray]]:
+        """Run up to ``batch_size`` token sequences, each at most the largest compiled length.
+
+        The result has one array per sequence, in order: hidden states ``[num_tokens, hidden]``
+        (output ``hidden``), a pooled vector ``[hidden]`` (``pooled``) or logits ``[num_labels]``
+        (``logits``), as float32.
+        """
+        ...
+
+    def recover(self) -> None:
+        """Bring the device back after a failed run (reload the program)."""
         ...
 
     def close(self) -> None: ...
