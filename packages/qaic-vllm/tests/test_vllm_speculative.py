@@ -11,11 +11,19 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CONFIG
 
 from qaic_core.errors import QaicConfigError
 
 K = 3
+DRAFT_CONFIG: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+"""The tiny target's shape (conftest's ``tiny_model``), for drafts built beside it."""
 ENGINE_ARGS: dict[str, Any] = {
     "max_model_len": 256,
     "max_num_seqs": 4,
@@ -83,7 +91,7 @@ def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A different random model with the same tokenizer: it proposes, the target decides."""
     from qaic_vllm.default_model import build_model
 
-    return build_model(tmp_path_factory.mktemp("draft") / "draft", seed=7, **TINY_CONFIG)
+    return build_model(tmp_path_factory.mktemp("draft") / "draft", seed=7, **DRAFT_CONFIG)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +155,7 @@ def test_an_unknown_method_is_refused_naming_the_supported_ones(tiny_model: Path
 def test_a_draft_with_another_tokenizer_is_refused(tiny_model: Path, tmp_path: Path) -> None:
     from qaic_vllm.default_model import build_model
 
-    draft = build_model(tmp_path / "small-vocab", seed=3, tokenizer_vocab=300, **TINY_CONFIG)
+    draft = build_model(tmp_path / "small-vocab", seed=3, tokenizer_vocab=300, **DRAFT_CONFIG)
     speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": K}
     with pytest.raises(Exception, match="different tokenizer"), engine(tiny_model, speculative):
         pass
