@@ -6,6 +6,11 @@ the mixture-of-experts layer: its routing calls ``topk_softmax`` from vLLM's com
 its unquantized method leaves out-of-tree platforms without an expert kernel. :func:`install`
 replaces that method (vLLM's out-of-tree op registry) with :class:`TorchExpertsMethod`, which
 routes and runs the experts in plain torch.
+
+vLLM also registers some of its own Python ops (the MoE layer's ``vllm::moe_forward``) for the
+platform's dispatch key only (``PrivateUse1``, the ``qaic`` device). On the simulator the tensors
+are CPU tensors, so :func:`install` with ``cpu=True`` registers the same Python functions for the
+CPU key too.
 """
 
 from __future__ import annotations
@@ -23,18 +28,42 @@ MOE_METHOD = "UnquantizedFusedMoEMethod"
 """vLLM's class for unquantized experts; the out-of-tree registry replaces it by this name."""
 
 
-def install() -> None:
-    """Register the torch implementations with vLLM (once per process; idempotent)."""
-    if _installed.is_set():
-        return
-    with _lock:
-        if _installed.is_set():
-            return
-        from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+CPU_MIRRORED_OPS: dict[str, tuple[str, str]] = {
+    "moe_forward": ("vllm.model_executor.layers.fused_moe.runner.moe_runner", "_moe_forward"),
+    "moe_forward_shared": ("vllm.model_executor.layers.fused_moe.runner.moe_runner", "_moe_forward_shared"),
+}
+"""vLLM ops registered for the platform's dispatch key only: op name -> (module, Python function)."""
+_cpu_library: list[torch.library.Library] = []
 
-        if MOE_METHOD not in op_registry_oot:
-            CustomOp.register_oot(_experts_method(), name=MOE_METHOD)
-        _installed.set()
+
+def install(*, cpu: bool = False) -> None:
+    """Register the torch implementations with vLLM (once per process; idempotent).
+
+    ``cpu``: the eager device keeps CPU tensors (the simulator), so vLLM's platform-keyed ops get
+    a CPU registration as well.
+    """
+    with _lock:
+        if not _installed.is_set():
+            from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+
+            if MOE_METHOD not in op_registry_oot:
+                CustomOp.register_oot(_experts_method(), name=MOE_METHOD)
+            _installed.set()
+        if cpu and not _cpu_library:
+            _cpu_library.append(_mirror_to_cpu())
+
+
+def _mirror_to_cpu() -> torch.library.Library:
+    import importlib
+
+    library = torch.library.Library("vllm", "IMPL")  # kept alive in _cpu_library
+    for op, (module, name) in CPU_MIRRORED_OPS.items():
+        if not hasattr(torch.ops.vllm, op):
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"vllm::{op}", "CPU"):
+            continue
+        library.impl(op, getattr(importlib.import_module(module), name), "CPU")
+    return library
 
 
 def _experts_method() -> type:

@@ -263,7 +263,7 @@ def open_step_model(config: ExecutionConfig) -> EagerStepModel:
         estimate = memory.weight_bytes(hf_config, dtype)
         if estimate is not None:
             _reserve_weights(device, config, estimate, settle=False)
-        ops.install()
+        ops.install(cpu=torch.device(device.torch_device).type == "cpu")
         vllm_config.load_config.device = device.torch_device
         start = time.perf_counter()
         with set_current_vllm_config(vllm_config):
