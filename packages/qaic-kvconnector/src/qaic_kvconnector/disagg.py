@@ -445,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             start(stage)
         write_state(stages, Path(ns.log_dir) / "instances.json")
         wait_ready(stages, ns.startup_timeout)
-        if not ns.no_handshake_check:
+        if not ns.no_handshake_check and any(s.role == "prefill" for s in stages):
             check_handshake(stages, ns.kv_host)
         run_router(
             [s.url for s in stages if s.role == "prefill"],
