@@ -100,6 +100,15 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             "workload without speculation on all 16 cores; acceptance = vLLM's accepted / proposed drafts at "
             "the largest K. The draft is the target's own weights, and the tiny models decide acceptance."
         ),
+        "disaggregated": (
+            "Transfer: one request's KV (shaped as Qwen2.5-0.5B's) held by a KV server and fetched by a client "
+            "in one process, best of a few rounds, float16 and mxint8 (compact on the wire), TCP and shared "
+            f"memory; GB/s counts float16 KV bytes delivered. Serving: `qaic-disagg` paced as {s.pace_as} "
+            "(PCIe copies of the slot and a 100 Gbit/s network sized as that model's KV); added TTFT = mean "
+            "time to first token through prefill + decode minus the decode instance computing the same "
+            "prompts itself, one request at a time; prefill-heavy = long prompts, short answers, concurrent, "
+            "on 1P1D and on two co-located instances on the same two device groups behind the same router."
+        ),
         "timing_model": (
             "`qaic-sim fidelity --json`: the simulator's roofline timing model against every published "
             "Cloud AI 100 decode rate (batch 1, prompt 1024, generate 1024, ctx 2048). Computed, not timed."

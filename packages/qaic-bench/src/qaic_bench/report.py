@@ -17,6 +17,7 @@ REPORT_KEYS = (
     "timing_model",
     "startup_s",
     "speculative",
+    "disaggregated",
     "machine",
     "commit",
 )
@@ -38,6 +39,7 @@ TITLES = {
     "timing_model": "4. Timing-model fidelity",
     "startup_s": "5. Start-up",
     "speculative": "6. Speculative decoding (paced as Llama-3.1-8B with a Llama-3.2-1B draft)",
+    "disaggregated": "7. Disaggregated prefill and decode (transfer, added TTFT, paced 1P1D vs co-located)",
 }
 
 
@@ -162,6 +164,10 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
             f"Without speculation: {base['repetitive']} tok/s (repetitive), "
             f"{base['non_repetitive']} tok/s (non-repetitive).",
         ]
+    if key == "disaggregated":
+        from qaic_bench.disaggregated import section_lines
+
+        return section_lines(value)
     if key == "timing_model":
         rows = [[r[k] for k in TIMING_ROW_KEYS] for r in value]
         lines = _table(["card", "model", "precision", "published tok/s", "modelled tok/s", "error %"], rows)

@@ -219,6 +219,15 @@ class Runner:
         self.results["speculative_runs"] = runs
         self.report.data["speculative"] = speculative.summarise(runs, self.s.spec_ks)
 
+    def part_disaggregated(self) -> None:
+        """KV transfer GB/s, the TTFT a 1P1D adds, and a paced prefill-heavy workload: 1P1D vs co-located."""
+        from qaic_bench import disaggregated
+
+        settings = disaggregated.DisaggSettings.for_bench(self.s.num_prompts)
+        self.report.data["disaggregated"] = disaggregated.measure(
+            self.model, self.paced_env, self.work / "disaggregated", settings, self.s.pace_as
+        )
+
     def run(self) -> BenchReport:
         self.report.data["machine"] = machine_info()
         self.report.data["commit"], self.report.dirty = git_commit()
@@ -233,6 +242,7 @@ class Runner:
                 "6. speculative decoding (paced as Llama-3.1-8B with a Llama-3.2-1B draft)",
                 self.part_speculative,
             ),
+            ("disaggregated", "7. disaggregated prefill and decode (paced)", self.part_disaggregated),
         ]
         for key, title, fn in parts:
             with self.part(key, title):
@@ -244,6 +254,7 @@ class Runner:
             "timing_model",
             "startup_s",
             "speculative",
+            "disaggregated",
         ):
             if key not in self.report.data:
                 self.report.errors.setdefault(key, "not measured: an earlier part failed (see the log above)")
