@@ -239,13 +239,17 @@ class QaicPlatform(Platform):
             settings.dtype,
             f"; speculative {spec.method} with {spec.num_speculative_tokens} tokens" if spec else "",
         )
+        if model_config.runner_type == "pooling":  # whole prompts in batches, the pooling worker
+            from qaic_vllm.pooling_config import configure_pooling
+
+            configure_pooling(vllm_config, settings.compile)
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: SamplingParams | Any) -> None:
         """Reject what the AOT runner cannot do, with the reason and the alternative."""
         from qaic_vllm.validation import validate_sampling
 
-        validate_sampling(params)
+        validate_sampling(params, processed_inputs)
 
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
