@@ -103,7 +103,9 @@ def test_the_eager_mode_runs_the_paged_worker_with_the_qaic_attention_backend(ll
     assert cache.block_size == 16
 
 
-def test_greedy_output_equals_transformers(llm: Any, hf_greedy: Callable[[Sequence[int], int], list[int]]) -> None:
+def test_greedy_output_equals_transformers(
+    llm: Any, hf_greedy: Callable[[Sequence[int], int], list[int]]
+) -> None:
     outs = llm.generate(TEXTS, greedy(24))
     for ids, out in zip(prompt_ids(llm, TEXTS), outs, strict=True):
         assert list(out.outputs[0].token_ids) == hf_greedy(ids, 24)
@@ -111,6 +113,57 @@ def test_greedy_output_equals_transformers(llm: Any, hf_greedy: Callable[[Sequen
 
 def test_steps_mix_prefill_chunks_with_decodes(llm: Any, steps: StepRecorder) -> None:
     steps.steps.clear()
-    llm.generate([f"Step {i}: {text}" for i, text in enumerate(reversed(TEXTS))], greedy(8))  # no cached prefix
+    llm.generate(
+        [f"Step {i}: {text}" for i, text in enumerate(reversed(TEXTS))], greedy(8)
+    )  # no cached prefix
     assert any(s.decode_rows > 0 and s.prefill_tokens > 0 for s in steps.steps), steps.steps
     assert max(s.prefill_tokens + s.decode_rows for s in steps.steps) <= 32
+
+
+def counter(llm: Any, name: str) -> float:
+    """A vLLM metric summed over its labels (counters are process-wide: compare before and after)."""
+    return float(sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics() if m.name == name))
+
+
+SYSTEM = (
+    "You are a careful assistant that runs on a small card in a quiet rack. Answer briefly, say what you "
+    "do not know, and never make up a number. "
+)
+QUESTIONS = ["What is the weather", "Tell me a story about", "Why is the sky", "Count from one to"]
+
+
+def test_a_shared_prefix_hits_the_cache_and_changes_no_token(
+    llm: Any, tiny_model: Path, hf_greedy: Callable[[Sequence[int], int], list[int]]
+) -> None:
+    texts = [SYSTEM + q for q in QUESTIONS]
+    ids = prompt_ids(llm, texts)
+    hits = counter(llm, "vllm:prefix_cache_hits")
+    first = llm.generate(texts[:1], greedy(16))
+    rest = llm.generate(texts[1:], greedy(16))
+    shared = len(prompt_ids(llm, [SYSTEM])[0]) // 16 * 16
+    assert counter(llm, "vllm:prefix_cache_hits") - hits >= 3 * shared > 0
+    cached = [list(o.outputs[0].token_ids) for o in [*first, *rest]]
+    assert cached == [hf_greedy(i, 16) for i in ids]
+    uncached = make_llm(tiny_model, enable_prefix_caching=False)
+    try:
+        assert not uncached.llm_engine.vllm_config.cache_config.enable_prefix_caching
+        outs = uncached.generate(texts, greedy(16))
+        assert [list(o.outputs[0].token_ids) for o in outs] == cached
+    finally:
+        del uncached
+        gc.collect()
+
+
+def test_more_requests_than_kv_blocks_are_preempted_recomputed_and_correct(
+    tiny_model: Path, in_process: None, hf_greedy: Callable[[Sequence[int], int], list[int]]
+) -> None:
+    small = make_llm(tiny_model, max_model_len=128, num_gpu_blocks_override=12, max_num_batched_tokens=64)
+    try:
+        preempted = counter(small, "vllm:num_preemptions")
+        outs = small.generate(TEXTS[:4], greedy(60))
+        assert counter(small, "vllm:num_preemptions") > preempted
+        for ids, out in zip(prompt_ids(small, TEXTS[:4]), outs, strict=True):
+            assert list(out.outputs[0].token_ids) == hf_greedy(ids, 60)
+    finally:
+        del small
+        gc.collect()
