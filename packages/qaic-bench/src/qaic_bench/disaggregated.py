@@ -245,8 +245,6 @@ def serving(model: Path, env: Mapping[str, str], work: Path, s: DisaggSettings) 
         "--decode-max-num-seqs", str(s.decode_batch),
         "--dtype", "float16",
         "--kv-port", str(free_port()),
-        "--prefill-port", str(free_port()),
-        "--decode-port", f"{free_port()},{free_port()}",
     ]  # fmt: skip
     vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
     heavy = prompts(s.num_prompts, s.input_len, vocab, seed=1)
@@ -255,6 +253,7 @@ def serving(model: Path, env: Mapping[str, str], work: Path, s: DisaggSettings) 
         *common,
         "--prefill-device-group", "0", "--decode-device-group", "1",
         "--prefill-max-num-seqs", "1", "--kv-transport", "tcp", "--kv-link-gbps", str(s.link_gbps),
+        "--prefill-port", str(free_port()), "--decode-port", str(free_port()),
     ]  # fmt: skip
     pd = Launch(model, pd_args, env, work, "pd")
     try:
@@ -275,7 +274,8 @@ def serving(model: Path, env: Mapping[str, str], work: Path, s: DisaggSettings) 
         log.info("1P1D prefill-heavy: %s", result["disaggregated"])
     finally:
         pd.stop()
-    co = Launch(model, [*common, "--decode-device-group", "0", "1"], env, work, "colocated")
+    co_args = [*common, "--decode-device-group", "0", "1", "--decode-port", f"{free_port()},{free_port()}"]
+    co = Launch(model, co_args, env, work, "colocated")
     try:
         co.wait()
         stream_one(co.url, served, heavy[0], 2)
