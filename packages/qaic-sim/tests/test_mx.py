@@ -162,3 +162,23 @@ def test_large_weights_round_trip_through_storage() -> None:
     w = np.random.default_rng(4).normal(size=(100, 1000)).astype(np.float32)
     np.testing.assert_array_equal(mx.decode(mx.encode_mxfp6(w)), mx.quantize_mxfp6(w))
     np.testing.assert_array_equal(mx.decode_mxint8(mx.encode_mxint8(w)), mx.quantize_mxint8(w))
+
+
+def test_state_no_run_writes_keeps_its_codes() -> None:
+    """Encoding is not idempotent (-2.0 codes decode to a power of two); update() keeps unchanged blocks."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 2, 64, 32)).astype(np.float32)
+    x[0, 0, 0, 3] = -1.999  # rounds to the -128 code: decoded, it is -2.0 * scale
+    first = mx.encode_mxint8(x, axis=-1)
+    decoded = mx.decode_mxint8(first)
+    assert not np.array_equal(mx.decode_mxint8(mx.encode_mxint8(decoded, axis=-1)), decoded)
+    state = first
+    for _ in range(5):  # runs that write nothing: the state stays exactly as stored
+        state = mx.update(state, mx.decode_mxint8(state))
+    assert np.array_equal(mx.decode_mxint8(state), decoded)
+    written = decoded.copy()
+    written[2, 1, 7] = 0.5  # one position written: only its block is encoded again
+    after = mx.decode_mxint8(mx.update(state, written))
+    assert np.allclose(after[2, 1, 7], 0.5) and np.array_equal(
+        np.delete(after[2, 1], 7, 0), np.delete(decoded[2, 1], 7, 0)
+    )
