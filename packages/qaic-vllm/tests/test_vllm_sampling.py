@@ -135,3 +135,58 @@ def test_rows_are_independent(rows: list[int]) -> None:
     for r in rows:
         s.add_request(r, 1, [1], SamplingParams(temperature=0.0))
     assert s.sample(logits, rows, [1] * len(rows))[0] == logits.argmax(-1).tolist()
+
+
+def test_a_batch_of_unseeded_rows_follows_each_rows_softmax() -> None:
+    s = make(rows=3)
+    probs = [[0.4, 0.3, 0.2, 0.1], [0.1, 0.1, 0.1, 0.7], [0.25, 0.25, 0.25, 0.25]]
+    logits = torch.log(torch.tensor([p + [1e-9] * 4 for p in probs]))
+    for row in range(3):
+        s.add_request(row, 1, [1], SamplingParams(temperature=1.0))
+    counts = np.zeros((3, VOCAB))
+    n = 3000
+    for pos in range(n):
+        for row, token in enumerate(s.sample(logits, [0, 1, 2], [pos] * 3)[0]):
+            counts[row, token] += 1
+    assert np.allclose(counts[:, :4] / n, probs, atol=0.03)
+    assert counts[:, 4:].sum() == 0
+
+
+def test_masked_tokens_are_never_drawn() -> None:
+    s = make()
+    logits = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf")] + [float("-inf")] * 4])
+    s.add_request(0, 1, [1], SamplingParams(temperature=1.0))
+    assert {s.sample(logits, [0], [p])[0][0] for p in range(300)} == {0, 2}
+
+
+def test_only_rows_that_need_processing_are_processed() -> None:
+    s = make()
+    logits = torch.tensor([[0.0, 0.0, 0.0, 2.0, 0.0, 1.5, 0.0, 0.0]] * 3)
+    s.add_request(0, 2, [3, 4], SamplingParams(temperature=0.0, repetition_penalty=2.0))
+    s.add_request(1, 2, [3, 4], SamplingParams(temperature=0.0))
+    s.add_request(2, 2, [3, 4], SamplingParams(temperature=1.0, top_k=1))
+    assert s.sample(logits, [0, 1, 2], [2, 2, 2])[0] == [5, 3, 3]
+    assert logits[0, 3] == 2.0  # the caller's logits are left as they were
+
+
+def test_a_seeded_row_does_not_depend_on_its_batch() -> None:
+    logits = torch.zeros(3, VOCAB)
+    alone, batched = make(), make()
+    alone.add_request(1, 1, [1], SamplingParams(temperature=1.0, seed=3))
+    for row, seed in enumerate((None, 3, None)):
+        batched.add_request(row, 1, [1], SamplingParams(temperature=1.0, seed=seed))
+    one = [alone.sample(logits[:1], [1], [p])[0][0] for p in range(20)]
+    many = [batched.sample(logits, [0, 1, 2], [p] * 3)[0][1] for p in range(20)]
+    assert one == many
+
+
+def test_append_tokens_extends_each_rows_history() -> None:
+    s = make()
+    for row in range(3):
+        s.add_request(row, 2, [1, 2], SamplingParams(temperature=0.0, frequency_penalty=1.0))
+    s.append_tokens([0, 2], [5, 6])
+    assert s.total_len.tolist()[:3] == [3, 2, 3]
+    assert s.all_token_ids[0, :3].tolist() == [1, 2, 5]
+    assert s.all_token_ids[2, :3].tolist() == [1, 2, 6]
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.5, 1.0, 0.0]])
+    assert s.sample(logits, [0], [3])[0] == [6]  # 1.5 - 1.0 for the token generated once

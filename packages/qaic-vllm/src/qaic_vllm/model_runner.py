@@ -354,14 +354,17 @@ class SlotModelRunner:
         lp_rows: dict[str, LogprobsLists] = {}
         plain = [r for r in reqs if r not in plan.verify]
         if plain:
-            batch = torch.from_numpy(np.stack([logits[r].reshape(-1)[: self.vocab_size] for r in plain]))
+            batch = np.stack([logits[r].reshape(-1)[: self.vocab_size] for r in plain])
             if grammar is not None:
-                apply_grammar_bitmask(batch, plain, grammar)
-            slots = [self.requests[r].slot for r in plain]
-            positions = [len(self.requests[r].token_ids) for r in plain]
+                apply_grammar_bitmask(torch.from_numpy(batch), plain, grammar)
+            states = [self.requests[r] for r in plain]
+            slots = [state.slot for state in states]
+            positions = [len(state.token_ids) for state in states]
             tokens, lp = self.sampler.sample(batch, slots, positions)
+            self.sampler.append_tokens(slots, tokens)
             for i, req_id in enumerate(plain):
                 out[req_id] = [tokens[i]]
+                states[i].token_ids.append(tokens[i])
                 if lp is not None:
                     lp_rows[req_id] = LogprobsLists(
                         lp.logprob_token_ids[i : i + 1],
@@ -379,8 +382,6 @@ class SlotModelRunner:
             out[req_id] = tokens
             if lp is not None:
                 lp_rows[req_id] = lp
-        for req_id, tokens in out.items():
-            state = self.requests[req_id]
             for token in tokens:
                 state.token_ids.append(token)
                 self.sampler.append_token(state.slot, token)

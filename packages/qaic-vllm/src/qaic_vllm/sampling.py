@@ -38,7 +38,14 @@ class _Bias:
 
 
 class HostSampler:
-    """Samples one token per request row from [rows, vocab] logits, with vLLM's semantics."""
+    """Samples one token per request row from [rows, vocab] logits, with vLLM's semantics.
+
+    Rows are split by what they need: greedy rows without penalties take an argmax of the raw
+    logits; rows with penalties, bias, bad words, a temperature other than 0 or 1, top-k, top-p or
+    min-p go through vLLM's processors (only those rows); every unseeded random row is drawn in one
+    vectorised inverse-CDF draw from the sampler's generator; a seeded row draws from its own
+    ``(seed, position)`` stream, so its output does not depend on the batch it ran in.
+    """
 
     def __init__(self, vllm_config: object, max_num_reqs: int, max_model_len: int, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -48,33 +55,40 @@ class HostSampler:
         self.prompt_len = torch.zeros(max_num_reqs, dtype=torch.int32)
         self.prefill_len = torch.zeros(max_num_reqs, dtype=torch.int32)
         self.total_len = torch.zeros(max_num_reqs, dtype=torch.int32)
+        # numpy views of the same memory: the per-step history updates stay out of torch's dispatcher.
+        self._tokens_np: np.ndarray = self.all_token_ids.numpy()
+        self._total_np: np.ndarray = self.total_len.numpy()
+        self._prompt_len_np: np.ndarray = self.prompt_len.numpy()
+        self._prefill_len_np: np.ndarray = self.prefill_len.numpy()
         lp_state = LogitsProcRequestState(
             device=cpu,
             max_num_reqs=max_num_reqs,
             vocab_size=vocab_size,
             all_token_ids=self.all_token_ids,
             prompt_len=self.prompt_len,
-            prompt_len_np=self.prompt_len.numpy(),
+            prompt_len_np=self._prompt_len_np,
             prefill_len=self.prefill_len,
-            prefill_len_np=self.prefill_len.numpy(),
+            prefill_len_np=self._prefill_len_np,
             total_len=self.total_len,
         )
         self.states = CPUSamplingStates(max_num_reqs, vocab_size, cpu)
         self.processors = [CPUPenalties(vllm_config, lp_state), CPUBadWords(vllm_config, lp_state)]  # type: ignore[arg-type]
         self.needs_processing = np.zeros(max_num_reqs, dtype=bool)
         self.bias: dict[int, _Bias] = {}
-        self.rng = torch.Generator().manual_seed(int(np.random.randint(0, 2**62)))
+        seed = int(np.random.randint(0, 2**62))
+        self.rng = torch.Generator().manual_seed(seed)
+        self.np_rng = np.random.default_rng(seed)
 
     # -- request state --------------------------------------------------------------------
     def add_request(
         self, idx: int, prompt_len: int, token_ids: Sequence[int], params: SamplingParams
     ) -> None:
         """Record a request in row ``idx``: its prompt, any earlier output, and its parameters."""
-        n = len(token_ids)
-        self.all_token_ids[idx, :n] = torch.tensor(list(token_ids), dtype=torch.int32)
-        self.prompt_len[idx] = prompt_len
-        self.prefill_len[idx] = n
-        self.total_len[idx] = n
+        n = min(len(token_ids), self._tokens_np.shape[1])
+        self._tokens_np[idx, :n] = np.asarray(token_ids[:n], dtype=np.int32)
+        self._prompt_len_np[idx] = prompt_len
+        self._prefill_len_np[idx] = n
+        self._total_np[idx] = n
         needs = self.states.add_request(idx, params)
         for proc in self.processors:
             needs |= proc.add_request(idx, params)
@@ -86,10 +100,22 @@ class HostSampler:
         self.needs_processing[idx] = needs
 
     def append_token(self, idx: int, token_id: int) -> None:
-        n = int(self.total_len[idx])
-        if n < self.all_token_ids.shape[1]:
-            self.all_token_ids[idx, n] = token_id
-            self.total_len[idx] = n + 1
+        n = int(self._total_np[idx])
+        if n < self._tokens_np.shape[1]:
+            self._tokens_np[idx, n] = token_id
+            self._total_np[idx] = n + 1
+
+    def append_tokens(self, idxs: Sequence[int] | np.ndarray, token_ids: Sequence[int] | np.ndarray) -> None:
+        """One token appended to each row in ``idxs`` (distinct rows), in one array operation."""
+        rows = np.asarray(idxs, dtype=np.int64)
+        if rows.size == 0:
+            return
+        lens = self._total_np[rows].astype(np.int64)
+        room = lens < self._tokens_np.shape[1]
+        if not room.all():
+            rows, lens, token_ids = rows[room], lens[room], np.asarray(token_ids)[room]
+        self._tokens_np[rows, lens] = np.asarray(token_ids, dtype=np.int32)
+        self._total_np[rows] = lens + 1
 
     def remove_request(self, idx: int) -> None:
         self.bias.pop(idx, None)
@@ -97,21 +123,33 @@ class HostSampler:
 
     # -- sampling -------------------------------------------------------------------------
     def sample(
-        self, logits: torch.Tensor, idxs: Sequence[int], positions: Sequence[int]
+        self, logits: torch.Tensor | np.ndarray, idxs: Sequence[int], positions: Sequence[int]
     ) -> tuple[list[int], LogprobsLists | None]:
         """One token per row; ``positions`` are the sampled tokens' positions (for seeded draws)."""
-        logits = logits.to(torch.float32)
+        raw = _float32(logits)
         idx_np = np.asarray(idxs, dtype=np.int64)
-        idx_t = torch.from_numpy(idx_np)
-        pos_t = torch.as_tensor(list(positions), dtype=torch.int64)
-        processed = self._process(logits, idx_t, idx_np, pos_t)
+        n = len(idx_np)
         temps = self.states.temperature_np[idx_np]
-        sampled = processed.argmax(dim=-1)
-        random_rows = np.nonzero(temps != 0.0)[0]
-        if random_rows.size:
-            sampled[torch.from_numpy(random_rows)] = self._draw(processed, idx_np, pos_t, random_rows)
-        logprobs = self._logprobs(logits, processed, sampled, idx_np)
-        return [int(t) for t in sampled.tolist()], logprobs
+        needs = self.needs_processing[idx_np]
+        processed: np.ndarray = raw
+        if needs.any():
+            # Only the rows that need it go through vLLM's processors; the others keep the raw logits.
+            rows = np.flatnonzero(needs)
+            processed = raw.copy()
+            sub = torch.from_numpy(raw[rows].copy())
+            pos_t = torch.as_tensor(np.asarray(positions, dtype=np.int64)[rows])
+            processed[rows] = self._process(sub, idx_np[rows], pos_t).numpy()
+        random_rows = np.flatnonzero(temps != 0.0)
+        if random_rows.size == 0:
+            sampled = processed.argmax(axis=1)
+        else:
+            sampled = np.empty(n, dtype=np.int64)
+            greedy_rows = np.flatnonzero(temps == 0.0)
+            if greedy_rows.size:
+                sampled[greedy_rows] = processed[greedy_rows].argmax(axis=1)
+            sampled[random_rows] = self._draw(processed, idx_np, positions, random_rows)
+        logprobs = self._logprobs(raw, sampled, idx_np)
+        return sampled.tolist(), logprobs
 
     def verify(
         self, logits: torch.Tensor, idx: int, position: int, drafts: Sequence[int]
@@ -127,17 +165,16 @@ class HostSampler:
         the last row. Accepted tokens join the row's history before the next position is scored,
         so penalties see them as they would without speculation.
         """
-        logits = logits.to(torch.float32)
+        logits = torch.as_tensor(logits).to(torch.float32)
         idx_np = np.asarray([idx], dtype=np.int64)
-        idx_t = torch.from_numpy(idx_np)
         temperature = float(self.states.temperature_np[idx])
         out: list[int] = []
         raw_rows: list[torch.Tensor] = []
-        history_len = int(self.total_len[idx])
+        history_len = int(self._total_np[idx])
         for j in range(len(drafts) + 1):
             pos_t = torch.tensor([position + j], dtype=torch.int64)
             raw = logits[j : j + 1]
-            processed = self._process(raw, idx_t, idx_np, pos_t)[0]
+            processed = self._process(raw, idx_np, pos_t)[0]
             raw_rows.append(raw[0])
             draft = int(drafts[j]) if j < len(drafts) else None
             if temperature == 0.0:
@@ -157,7 +194,7 @@ class HostSampler:
             self.append_token(idx, token)
             if token != draft:
                 break
-        self.total_len[idx] = history_len  # the runner appends the output tokens itself
+        self._total_np[idx] = history_len  # the runner appends the output tokens itself
         sampled = torch.tensor(out, dtype=torch.int64)
         max_n = int(self.states.num_logprobs[idx])
         logprobs = None
@@ -172,16 +209,17 @@ class HostSampler:
             return torch.Generator().manual_seed(seed)
         return self.rng
 
-    def _process(
-        self, logits: torch.Tensor, idx_t: torch.Tensor, idx_np: np.ndarray, pos_t: torch.Tensor
-    ) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor, idx_np: np.ndarray, pos_t: torch.Tensor) -> torch.Tensor:
+        """vLLM's processors, temperature, min-p, top-k and top-p on rows that need them."""
         if not np.any(self.needs_processing[idx_np]):
             return logits
+        idx_t = torch.from_numpy(idx_np)
         logits = logits.clone()
-        for row, idx in enumerate(idx_np.tolist()):
-            bias = self.bias.get(idx)
-            if bias is not None:
-                _apply_bias(logits[row], bias, int(self.total_len[idx]))
+        if self.bias:
+            for row, idx in enumerate(idx_np.tolist()):
+                bias = self.bias.get(idx)
+                if bias is not None:
+                    _apply_bias(logits[row], bias, int(self._total_np[idx]))
         ctx = LogitsContext(
             expanded_idx_mapping=idx_t,
             idx_mapping=idx_t,
@@ -189,7 +227,7 @@ class HostSampler:
             expanded_local_pos=torch.zeros_like(idx_t),
             input_ids=torch.zeros_like(idx_t),
             pos=pos_t,
-            seq_lens_upper_bound_np=self.total_len.numpy()[idx_np],
+            seq_lens_upper_bound_np=self._total_np[idx_np],
         )
         for proc in self.processors:
             logits = proc.apply(logits, ctx)
@@ -201,25 +239,51 @@ class HostSampler:
         return logits
 
     def _draw(
-        self, processed: torch.Tensor, idx_np: np.ndarray, pos_t: torch.Tensor, rows: np.ndarray
-    ) -> torch.Tensor:
-        """Exponential-race (Gumbel-max) draws; a seeded request draws from (seed, position)."""
-        out = torch.empty(len(rows), dtype=torch.int64)
-        for i, row in enumerate(rows.tolist()):
-            idx = int(idx_np[row])
-            probs = torch.softmax(processed[row], dim=-1)
-            gen = self._generator(idx, int(pos_t[row]))
+        self, processed: np.ndarray, idx_np: np.ndarray, positions: Sequence[int], rows: np.ndarray
+    ) -> np.ndarray:
+        """Random draws for ``rows`` of the processed logits (temperature already applied).
+
+        Unseeded rows: one inverse-CDF draw for all of them from the sampler's generator. A seeded
+        request: an exponential race (Gumbel-max) from its ``(seed, position)`` stream.
+        """
+        out = np.empty(len(rows), dtype=np.int64)
+        seeded = self.states.seeds_set[idx_np[rows]]
+        plain = np.flatnonzero(~seeded)
+        if plain.size:
+            out[plain] = _inverse_cdf(processed[rows[plain]], self.np_rng)
+        for i in np.flatnonzero(seeded).tolist():
+            row = int(rows[i])
+            probs = torch.softmax(torch.from_numpy(processed[row]), dim=-1)
+            gen = self._generator(int(idx_np[row]), int(positions[row]))
             noise = torch.empty_like(probs).exponential_(generator=gen)
             out[i] = int(torch.argmax(probs / noise))
         return out
 
-    def _logprobs(
-        self, raw: torch.Tensor, processed: torch.Tensor, sampled: torch.Tensor, idx_np: np.ndarray
-    ) -> LogprobsLists | None:
+    def _logprobs(self, raw: np.ndarray, sampled: np.ndarray, idx_np: np.ndarray) -> LogprobsLists | None:
         max_n = int(np.max(self.states.num_logprobs[idx_np])) if idx_np.size else NO_LOGPROBS
         if max_n == NO_LOGPROBS:
             return None
-        return topk_logprobs(raw, min(max_n, self.vocab_size), sampled)
+        return topk_logprobs(torch.from_numpy(raw), min(max_n, self.vocab_size), torch.from_numpy(sampled))
+
+
+def _float32(logits: torch.Tensor | np.ndarray) -> np.ndarray:
+    """The logits as a C-contiguous float32 numpy array (a view when they already are one)."""
+    arr = logits.detach().numpy() if isinstance(logits, torch.Tensor) else np.asarray(logits)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _inverse_cdf(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One categorical draw per row of softmax(``logits``), from one uniform per row.
+
+    The first token whose cumulative probability exceeds the row's uniform; a token of
+    probability zero (masked to -inf) is never chosen.
+    """
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(shifted, out=shifted)
+    cum = np.cumsum(probs, axis=1, dtype=np.float64)
+    u = rng.random(len(cum)) * cum[:, -1]
+    picked = (cum <= u[:, None]).sum(axis=1)
+    return np.minimum(picked, logits.shape[1] - 1)
 
 
 def _bias_of(params: SamplingParams, prompt_len: int, vocab_size: int) -> _Bias | None:
