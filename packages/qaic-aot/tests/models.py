@@ -8,8 +8,27 @@ from typing import Any
 
 import torch
 
-# One entry per family the exporter supports; "llama3" exercises the Llama 3 rope scaling.
+# One entry per family the hand-built exporter supports; "llama3" exercises the Llama 3 rope scaling.
 TINY_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt2")
+# One entry per architecture (and attention layout) exported by tracing transformers' own code.
+TRACED_ARCHS = (
+    "llama3.2",
+    "gemma2",
+    "gemma3",
+    "granite",
+    "olmo2",
+    "falcon",
+    "falcon-mq",
+    "gptj",
+    "gpt_bigcode",
+    "starcoder2",
+    "phi",
+    "mpt",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "gpt_oss",
+)
 
 VOCAB_SIZE = 320
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -41,6 +60,148 @@ _COMMON = {
     "eos_token_id": 2,
     "pad_token_id": 0,
     "tie_word_embeddings": False,
+}
+
+_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+_GPT_STYLE = {
+    "vocab_size": VOCAB_SIZE,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 256,
+    "initializer_range": 0.1,
+    **_TOKENS,
+}
+_FALCON = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "parallel_attn": True,
+    "bias": False,
+    "alibi": False,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.1,
+    **_TOKENS,
+}
+_SLIDING_THEN_FULL = {"sliding_window": 12, "layer_types": ["sliding_attention", "full_attention"]}
+
+# Tiny configs of the traced architectures: 2 layers, hidden 64, each family's own features switched on.
+TRACED_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama3.2": (
+        "LlamaConfig",
+        {
+            **_COMMON,
+            "head_dim": 32,
+            "tie_word_embeddings": True,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            **_COMMON,
+            **_SLIDING_THEN_FULL,
+            "head_dim": 32,
+            "tie_word_embeddings": True,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+            "query_pre_attn_scalar": 24,
+        },
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            **_COMMON,
+            **_SLIDING_THEN_FULL,
+            "architectures": ["Gemma3ForCausalLM"],
+            "head_dim": 32,
+            "tie_word_embeddings": True,
+            "query_pre_attn_scalar": 24,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
+    "granite": (
+        "GraniteConfig",
+        {
+            **_COMMON,
+            "embedding_multiplier": 6.0,
+            "logits_scaling": 4.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.05,
+        },
+    ),
+    "olmo2": ("Olmo2Config", {**_COMMON}),
+    # Falcon's two attention layouts: grouped KV heads (40B/180B) and one shared KV head (7B).
+    "falcon": ("FalconConfig", {**_FALCON, "num_kv_heads": 2, "new_decoder_architecture": True}),
+    "falcon-mq": ("FalconConfig", {**_FALCON, "new_decoder_architecture": False, "multi_query": True}),
+    "gptj": ("GPTJConfig", {**_GPT_STYLE, "rotary_dim": 8}),
+    "gpt_bigcode": ("GPTBigCodeConfig", {**_GPT_STYLE, "multi_query": True}),
+    "starcoder2": ("Starcoder2Config", {**_COMMON, "sliding_window": 12, "use_bias": True}),
+    "phi": (
+        "PhiConfig",
+        {
+            **_COMMON,
+            "num_key_value_heads": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        },
+    ),
+    "mpt": (
+        "MptConfig",
+        {
+            "vocab_size": VOCAB_SIZE,
+            "d_model": 64,
+            "n_heads": 4,
+            "n_layers": 2,
+            "expansion_ratio": 2,
+            "max_seq_len": 256,
+            "initializer_range": 0.1,
+            **_TOKENS,
+        },
+    ),
+    "mixtral": ("MixtralConfig", {**_COMMON, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        {
+            **_COMMON,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "qkv_bias": True,
+        },
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {**_COMMON, "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        {
+            **_COMMON,
+            **_SLIDING_THEN_FULL,
+            "head_dim": 32,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            # YaRN as the checkpoints use it, scaled to the tiny model's 256 positions.
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 8,
+            },
+        },
+    ),
 }
 
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -79,6 +240,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "pad_token_id": 0,
         },
     ),
+    **TRACED_CONFIGS,
 }
 
 
@@ -108,7 +270,7 @@ def build_tiny_model(arch: str, tmp_dir: Path | str, *, seed: int = 0) -> Path:
     import transformers
 
     if arch not in CONFIGS:
-        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
+        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(CONFIGS)}")
     config_cls, kwargs = CONFIGS[arch]
     out_dir = Path(tmp_dir) / f"tiny-{arch}"
     out_dir.mkdir(parents=True, exist_ok=True)

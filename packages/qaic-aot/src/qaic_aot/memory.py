@@ -127,8 +127,11 @@ def _hidden(config: Mapping[str, Any]) -> int:
 
 def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
     """Parameter counts from the architecture alone (for a config without weights, or a QPC's record)."""
-    from qaic_aot.export.families import decoder_spec
+    from qaic_aot.export.families import GRAPH_ARCHITECTURES, SUPPORTED_ARCHITECTURES, decoder_spec
 
+    archs = list(config.get("architectures") or [])
+    if archs and archs[0] in SUPPORTED_ARCHITECTURES and archs[0] not in GRAPH_ARCHITECTURES:
+        return _traced_dims(config)
     cfg = SimpleNamespace(**config)
     spec = decoder_spec(cfg, CompileSettings(ctx_len=1, prefill_seq_len=1))
     h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
@@ -151,6 +154,52 @@ def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
         rotary_dim=spec.rotary_dim if spec.positions == "rope" else 0,
         matmul_params=spec.num_layers * per_layer + v * h,
         other_params=spec.num_layers * layer_other + norm + v * h + positions,
+        max_positions=max_pos,
+    )
+
+
+def _first(config: Mapping[str, Any], *names: str) -> int:
+    for name in names:
+        value = config.get(name)
+        if value:
+            return int(value)
+    return 0
+
+
+def _traced_dims(config: Mapping[str, Any]) -> ModelDims:
+    """An estimate for architectures exported by tracing: their configs name things in many ways.
+
+    The traced graph computes rope in the graph (no tables); a mixture of experts counts every expert.
+    """
+    layers = _first(config, "num_hidden_layers", "n_layer", "n_layers")
+    h = _first(config, "hidden_size", "n_embd", "d_model")
+    heads = _first(config, "num_attention_heads", "n_head", "n_heads")
+    head_dim = _first(config, "head_dim") or h // max(heads, 1)
+    kv_heads = _first(config, "num_key_value_heads", "num_kv_heads", "n_head_kv") or heads
+    if config.get("multi_query") and not config.get("new_decoder_architecture"):
+        kv_heads = 1  # Falcon-7B and GPTBigCode keep one KV head
+    v = _first(config, "vocab_size")
+    inter = (
+        _first(config, "intermediate_size", "n_inner", "ffn_hidden_size")
+        or (_first(config, "expansion_ratio") or 4) * h
+    )
+    experts = _first(config, "num_local_experts", "num_experts")
+    mlp = 3 * h * inter
+    if experts:
+        expert_inter = _first(config, "moe_intermediate_size") or inter
+        shared = _first(config, "shared_expert_intermediate_size")
+        mlp = 3 * h * expert_inter * experts + 3 * h * shared + h * experts
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    per_layer = 2 * h * q_out + 2 * h * kv_out + mlp
+    max_pos = _first(config, "max_position_embeddings", "n_positions", "max_seq_len")
+    return ModelDims(
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=v,
+        rotary_dim=0,
+        matmul_params=layers * per_layer + v * h,
+        other_params=layers * 4 * h + h + v * h,
         max_positions=max_pos,
     )
 

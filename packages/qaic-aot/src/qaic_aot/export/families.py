@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from qaic_aot.export.traced.families import TRACED_FAMILIES
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import CompileSettings
 
-# HF architecture class name -> family handled by the decoder builder.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
+# HF architecture class name -> family handled by the hand-built decoder graph (decoder.py).
+GRAPH_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
@@ -18,6 +20,13 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "GemmaForCausalLM": "gemma",
     "GPT2LMHeadModel": "gpt2",
 }
+TRACED = "traced"
+# Every architecture the exporter takes -> its graph family, or "traced" (transformers' code, traced).
+SUPPORTED_ARCHITECTURES: dict[str, str] = {**{a: TRACED for a in TRACED_FAMILIES}, **GRAPH_ARCHITECTURES}
+
+ROUTE_ENV = "QAIC_AOT_ROUTE"
+ROUTES = ("graph", TRACED)
+"""``graph``: the hand-built decoder graph; ``traced``: transformers' own code traced with KV replacements."""
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
@@ -79,6 +88,21 @@ def check_architecture(config: Any) -> str:
     return SUPPORTED_ARCHITECTURES[arch]
 
 
+def export_route(architecture: str) -> str:
+    """``graph`` for the hand-built families unless ``QAIC_AOT_ROUTE=traced``; ``traced`` for the others."""
+    wanted = os.environ.get(ROUTE_ENV, "").strip().lower()
+    if wanted and wanted not in ROUTES:
+        raise QaicConfigError(f"{ROUTE_ENV}={wanted!r} is not one of {', '.join(ROUTES)}")
+    if architecture in GRAPH_ARCHITECTURES and wanted != TRACED:
+        return "graph"
+    if wanted == "graph":
+        raise QaicConfigError(
+            f"{ROUTE_ENV}=graph but {architecture} has no hand-built graph (only "
+            f"{', '.join(GRAPH_ARCHITECTURES)}); unset {ROUTE_ENV} to trace it"
+        )
+    return TRACED
+
+
 def model_facts(config: Any) -> dict[str, Any]:
     """Layer count, KV geometry and vocabulary of any decoder config (GPT-2 names included)."""
     heads = int(getattr(config, "num_attention_heads", None) or config.n_head)
@@ -115,6 +139,11 @@ def decoder_spec(config: Any, settings: CompileSettings) -> DecoderSpec:
     """Read a transformers config into a DecoderSpec, rejecting what the graph cannot express."""
     family = check_architecture(config)
     arch = architecture_of(config)
+    if family == TRACED:
+        raise QaicConfigError(
+            f"{arch} has no hand-built decoder graph (only {', '.join(GRAPH_ARCHITECTURES)}); it is exported "
+            "by tracing transformers' code"
+        )
     if family == "gpt2":
         return _gpt2_spec(config, arch, settings)
     heads = int(config.num_attention_heads)

@@ -13,8 +13,16 @@ from tqdm.auto import tqdm
 
 from qaic_aot.export import contract
 from qaic_aot.export.decoder import DecoderGraph
-from qaic_aot.export.families import check_architecture, decoder_spec, model_facts
+from qaic_aot.export.families import (
+    TRACED,
+    architecture_of,
+    check_architecture,
+    decoder_spec,
+    export_route,
+    model_facts,
+)
 from qaic_aot.export.qeff import export_with_qefficient, qefficient_available, relocate_onnx
+from qaic_aot.export.traced.families import TRACED_FAMILIES, check_traceable
 from qaic_aot.export.weights import WeightSource, load_weights, weight_files
 from qaic_aot.model_files import config_path
 from qaic_core.errors import QaicConfigError
@@ -85,6 +93,10 @@ def export_onnx(
             exporter=exporter,
         )
     check_architecture(config)
+    if export_route(architecture_of(config)) == TRACED:
+        weight_files(model_dir)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        return _export_traced(model_dir, out_path, settings, config, progress)
     spec = decoder_spec(config, settings)
     weight_files(model_dir)  # fail early, naming the missing weight file
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +146,61 @@ def _export_ours(
     stages.close()
     logger.info("exported %s to %s in %.1fs", model_dir, out_path, time.monotonic() - started)
     return out_path
+
+
+def _export_traced(
+    model_dir: Path, out_path: Path, settings: CompileSettings, config: Any, progress: bool
+) -> contract.ExportResult:
+    """Trace transformers' own code for the model (``qaic_aot.export.traced``)."""
+    from qaic_aot.export.traced import export as traced
+
+    arch = architecture_of(config)
+    family = TRACED_FAMILIES[arch]
+    check_traceable(family, config, settings)
+    started = time.monotonic()
+    stages = tqdm(total=4, desc=f"export {arch} (traced)", disable=not progress, unit="stage")
+    stages.set_postfix_str("loading model")
+    model = traced.load_model(model_dir, family)
+    geometry = traced.measure(model)
+    stages.update()
+    stages.set_postfix_str("tracing")
+    logger.info(
+        "tracing %s: %d layers, %d kv heads, head_dim %d, ctx_len %d",
+        arch,
+        geometry.num_layers,
+        geometry.num_kv_heads,
+        geometry.head_dim,
+        settings.ctx_len,
+    )
+    proto = traced.trace(model, geometry, settings)
+    del model
+    stages.update()
+    stages.set_postfix_str("checking")
+    weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
+    if weight_bytes < EXTERNAL_DATA_BYTES:
+        onnx.checker.check_model(proto, full_check=True)
+    stages.update()
+    stages.set_postfix_str("saving")
+    _save(proto, out_path, weight_bytes)
+    stages.update()
+    stages.close()
+    logger.info("traced %s to %s in %.1fs", model_dir, out_path, time.monotonic() - started)
+    return contract.ExportResult(
+        onnx_path=out_path,
+        num_layers=geometry.num_layers,
+        num_kv_heads=geometry.num_kv_heads,
+        head_dim=geometry.head_dim,
+        vocab_size=geometry.vocab_size,
+        architecture=arch,
+        input_names=contract.input_names(geometry.num_layers, settings),
+        output_names=contract.output_names(geometry.num_layers),
+        exporter=exporter_name(TRACED),
+    )
+
+
+def exporter_name(route: str) -> str:
+    """``qaic`` for the hand-built graph, ``qaic-traced`` for the traced route."""
+    return "qaic" if route == "graph" else "qaic-traced"
 
 
 def _save(model: onnx.ModelProto, out_path: Path, weight_bytes: int) -> None:

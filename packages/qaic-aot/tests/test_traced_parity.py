@@ -1,0 +1,87 @@
+"""Acceptance for the traced route: every architecture it exports matches transformers in fp32.
+
+Each tiny model is exported by tracing transformers' own code (``qaic_aot.export.traced``), compiled by
+``compile_model`` and run through ``CausalLM`` on the simulator: greedy tokens equal transformers'
+``generate(do_sample=False)`` with more prompts than KV slots and prompts over several prefill chunks,
+and teacher-forced logits of chunked prefills and joint decodes stay within fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from models import TRACED_ARCHS, HFReference, more_prompts
+from test_parity import BASE, MAX_NEW_TOKENS, PRECISIONS, teacher_forced_error
+
+import qaic_aot
+from qaic_core.settings import CompileSettings
+
+os.environ.setdefault("QAIC_BACKEND", "sim")
+
+FP32_FLAGS, FP32_RTOL = PRECISIONS["fp32"]
+
+
+@pytest.fixture(scope="module")
+def qeff_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("qeff-home-traced")
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model_factory: Callable[[str], Path]) -> Callable[[str], HFReference]:
+    cache: dict[str, HFReference] = {}
+
+    def get(arch: str) -> HFReference:
+        if arch not in cache:
+            cache[arch] = HFReference(tiny_model_factory(arch))
+        return cache[arch]
+
+    return get
+
+
+@contextmanager
+def causal_lm(model_dir: Path, settings: CompileSettings, qeff_home: Path) -> Iterator[qaic_aot.CausalLM]:
+    qpc_dir = qaic_aot.compile_model(model_dir, settings, progress=False, qeff_home=qeff_home)
+    session = qaic_aot.QAICInferenceSession(qpc_dir / "qpc")
+    try:
+        yield qaic_aot.CausalLM(session, settings)
+    finally:
+        session.deactivate()
+
+
+def check_parity(arch: str, model_dir: Path, ref: HFReference, qeff_home: Path) -> None:
+    """Greedy tokens equal, then teacher-forced logits within fp32 rounding, on one compiled program."""
+    prompts = more_prompts(ref.tokenizer)
+    settings = CompileSettings(**BASE, **FP32_FLAGS)
+    with causal_lm(model_dir, settings, qeff_home) as lm:
+        got = lm.generate(prompts, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=ref.eos_token_id)
+        expected = [ref.greedy(p, MAX_NEW_TOKENS) for p in prompts]
+        assert got == expected
+        error, scale = teacher_forced_error(lm, ref)
+    print(f"{arch} traced fp32: max |dlogit| {error:.3e} of max |logit| {scale:.2f}")
+    assert error <= FP32_RTOL * scale
+
+
+@pytest.mark.parametrize("arch", TRACED_ARCHS)
+def test_traced_architecture_matches_transformers_fp32(
+    arch: str,
+    tiny_model_factory: Callable[[str], Path],
+    references: Callable[[str], HFReference],
+    qeff_home: Path,
+) -> None:
+    check_parity(arch, tiny_model_factory(arch), references(arch), qeff_home)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_hand_built_families_also_trace(
+    arch: str,
+    tiny_model_factory: Callable[[str], Path],
+    references: Callable[[str], HFReference],
+    qeff_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QAIC_AOT_ROUTE", "traced")
+    check_parity(arch, tiny_model_factory(arch), references(arch), qeff_home)
