@@ -21,6 +21,7 @@ from qaic_core.eager import DeviceMemoryError
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig, PagedStepModel
 from qaic_vllm.config import model_dir_of
+from qaic_vllm.faults import fatal_reported
 from qaic_vllm.paged_runner import PagedModelRunner
 from qaic_vllm.worker import QaicWorker
 
@@ -36,7 +37,7 @@ class QaicPagedWorker(QaicWorker):
     paged_model: PagedStepModel | None = None
     paged_runner: PagedModelRunner | None = None
 
-    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+    def _load_model(self) -> None:
         """Open the paged step model: the execution path loads the weights onto its device."""
         assert self.backend is not None and self.path is not None, "init_device() must run first"
         config = ExecutionConfig(
@@ -131,20 +132,22 @@ class QaicPagedWorker(QaicWorker):
         )
 
     # -- per step ------------------------------------------------------------------------------
-    def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput | None:
+    def _execute_step(self, scheduler_output: Any) -> ModelRunnerOutput | None:
         assert self.paged_runner is not None, "load_model() must run before execute_model()"
         tracer = self.tracer
-        if tracer is not None and tracer.active and scheduler_output.total_num_scheduled_tokens > 0:
-            tracer.begin_iteration()
-            try:
-                return self.paged_runner.execute_model(scheduler_output)
-            finally:
-                tracer.end_iteration()
-        return self.paged_runner.execute_model(scheduler_output)
+        with fatal_reported("serving"):
+            if tracer is not None and tracer.active and scheduler_output.total_num_scheduled_tokens > 0:
+                tracer.begin_iteration()
+                try:
+                    return self.paged_runner.execute_model(scheduler_output)
+                finally:
+                    tracer.end_iteration()
+            return self.paged_runner.execute_model(scheduler_output)
 
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
         assert self.paged_runner is not None, "load_model() must run before sample_tokens()"
-        return self.paged_runner.sample_tokens(grammar_output)
+        with fatal_reported("serving"):
+            return self.paged_runner.sample_tokens(grammar_output)
 
     def take_draft_token_ids(self) -> None:
         return None
