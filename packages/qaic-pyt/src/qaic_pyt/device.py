@@ -50,12 +50,18 @@ class TorchQaicDevice:
                 f"the pyt (eager) execution mode runs on one SoC, not on device_group {list(ids)}"
             )
         self.qid = int(ids[0])
-        importlib.import_module(TORCH_QAIC)  # registers the ``qaic`` torch device
-        import torch
+        importlib.import_module(TORCH_QAIC)  # registers the ``qaic`` torch device (PrivateUse1)
+        try:
+            self._module: Any = importlib.import_module(f"{TORCH_QAIC}.qaic")
+        except ImportError:
+            import torch
 
-        self._module: Any = getattr(torch, "qaic", None)
+            self._module = getattr(torch, "qaic", None)
         if self._module is None:
-            raise QaicConfigError(f"{TORCH_QAIC} is installed but registered no torch.qaic module")
+            raise QaicConfigError(f"{TORCH_QAIC} is installed but offers no qaic device module")
+        set_device = getattr(self._module, "set_device", None)
+        if callable(set_device):
+            set_device(self.qid)
         self._held: dict[str, int] = {}
 
     @property
@@ -97,7 +103,9 @@ class TorchQaicDevice:
     @contextmanager
     def step(self, work: EagerStep) -> Iterator[None]:
         yield
-        self._module.synchronize()
+        synchronize = getattr(self._module, "synchronize", None)
+        if callable(synchronize):
+            synchronize()
 
     def close(self) -> None:
         self._held.clear()
