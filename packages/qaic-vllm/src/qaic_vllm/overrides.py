@@ -24,6 +24,7 @@ from qaic_core.settings import (
     vendor_flag,
 )
 from qaic_vllm import envs, vendor
+from qaic_vllm.pooling_config import POOLING_KEYS
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -78,6 +79,11 @@ def read_override(raw: Any, where: str) -> dict[str, Any]:
     elif args is not None:
         flags.extend(parse_arguments(args, f"{where} compiler_args"))
 
+    pooling = sorted(k for k in cfg if k in POOLING_KEYS and cfg[k] not in (None, False, "", [], ()))
+    if pooling:  # a pooling engine sets these aside before its compile settings are read
+        raise QaicConfigError(
+            f"{where} {pooling} configure a pooling model: serve it with --runner pooling, or remove them"
+        )
     engine = sorted(k for k in cfg if k in SETTINGS and not SETTINGS[k].override and k != PREFILL_SEQ_LEN)
     unknown = sorted(
         k

@@ -123,35 +123,16 @@ class PoolingModelRunner:
 
     def run(self, requests: Sequence[PoolingRequest]) -> list[np.ndarray]:
         """The program's rows for ``requests``: grouped by bucket, in batches of the compiled batch."""
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, request in enumerate(requests):
-            groups[self.bucket(len(request.token_ids))].append(i)
-        rows: list[np.ndarray | None] = [None] * len(requests)
-        batch = self.shape.batch_size
-        runs = 0
-        for seq_len in sorted(groups):
-            members = groups[seq_len]
-            for start in range(0, len(members), batch):
-                chunk = members[start : start + batch]
-                results = self.model.submit([requests[i].token_ids for i in chunk]).wait()
-                for i, row in zip(chunk, results, strict=True):
-                    rows[i] = row
-                runs += 1
+        plan = plan_runs([len(r.token_ids) for r in requests], self.shape.seq_lens, self.shape.batch_size)
+        rows: dict[int, np.ndarray] = {}
+        for _, members in plan:
+            results = self.model.submit([requests[i].token_ids for i in members]).wait()
+            rows.update(zip(members, results, strict=True))
         if self.observers:
             tokens = sum(len(r.token_ids) for r in requests)
             self.observers.step(StepRecord(0, tokens, len(requests)))
-        log.debug(
-            "qaic: %d pooling request(s) in %d run(s) over buckets %s", len(requests), runs, sorted(groups)
-        )
-        return [r for r in rows if r is not None]
-
-    def bucket(self, num_tokens: int) -> int:
-        for n in self.shape.seq_lens:
-            if num_tokens <= n:
-                return n
-        raise QaicConfigError(
-            f"a prompt of {num_tokens} tokens is longer than the longest embed_seq_len {self.shape.seq_lens[-1]}"
-        )
+        log.debug("qaic: %d pooling request(s) in %d run(s): %s", len(requests), len(plan), plan)
+        return [rows[i] for i in range(len(requests))]
 
     def finish(self, requests: Sequence[PoolingRequest], rows: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """vLLM's pooling on the host: sequence pooling of hidden states, then the task's head."""
@@ -202,6 +183,25 @@ class PoolingModelRunner:
 
     def close(self) -> None:
         self.model.close()
+
+
+def plan_runs(lengths: Sequence[int], seq_lens: Sequence[int], batch: int) -> list[tuple[int, list[int]]]:
+    """``(seq_len, request indices)`` per run: each request on the smallest length that holds it,
+    each run at most ``batch`` requests, shorter lengths first."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    ordered = sorted(seq_lens)
+    for i, n in enumerate(lengths):
+        fits = [s for s in ordered if n <= s]
+        if not fits:
+            raise QaicConfigError(
+                f"a prompt of {n} tokens is longer than the longest embed_seq_len {ordered[-1]}: shorten it"
+            )
+        groups[fits[0]].append(i)
+    return [
+        (seq_len, groups[seq_len][start : start + batch])
+        for seq_len in sorted(groups)
+        for start in range(0, len(groups[seq_len]), batch)
+    ]
 
 
 def _seq_pooling_type(model_config: Any) -> str:

@@ -112,7 +112,8 @@ def validate_pooling(params: Any, processed_inputs: Any, engine: PoolingEngine) 
     if engine.normalized_on_device and getattr(params, "use_activation", None) is False:
         raise VLLMValidationError(
             "this model's program normalizes the embeddings (override_qaic_config normalize: true with "
-            "pooling_device qaic), so normalize=false cannot be honoured: drop it, or serve with normalize off",
-            parameter="normalize",
+            "pooling_device qaic), so use_activation=false (no normalization) cannot be honoured: drop it, "
+            "or serve with normalize off",
+            parameter="use_activation",
             value=False,
         )

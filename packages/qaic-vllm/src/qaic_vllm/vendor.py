@@ -135,12 +135,45 @@ OVERRIDE_KEYS: dict[str, VendorKey] = {
             NO_EFFECT,
             "read only with aic_include_sampler",
         ),
-        _unsupported("pooling_device", "where pooling runs (qaic or cpu)", POOLING, (None,)),
-        _unsupported("pooling_method", "mean, avg, cls, max", POOLING, (None,)),
-        _unsupported("normalize", "normalize pooled outputs", POOLING),
-        _unsupported("softmax", "softmax on pooled outputs", POOLING),
-        _unsupported("task", "pooling task (embed, classify, score)", POOLING, (None,)),
-        _unsupported("embed_seq_len", "sequence lengths of an embedding QPC", POOLING, (None,)),
+        VendorKey(
+            "pooling_device",
+            "where pooling runs (qaic or cpu)",
+            HONOURED,
+            "cpu (default): the program returns hidden states, vLLM's pooler runs on the host; qaic: pooling "
+            "compiled into the program (--runner pooling)",
+        ),
+        VendorKey(
+            "pooling_method",
+            "mean, avg, cls, max",
+            HONOURED,
+            "compiled in with pooling_device qaic (also last); default: the model's pooling type",
+        ),
+        VendorKey(
+            "normalize",
+            "normalize pooled outputs",
+            HONOURED,
+            "L2 normalization compiled in with pooling_device qaic; requests then cannot ask "
+            "use_activation=false",
+        ),
+        VendorKey(
+            "softmax",
+            "softmax on pooled outputs",
+            NO_EFFECT,
+            "vLLM's classifier activation (softmax, or sigmoid for one label) applies to classify requests",
+        ),
+        VendorKey(
+            "task",
+            "pooling task (embed, classify, score)",
+            HONOURED,
+            "checked against the model: classify or score for …ForSequenceClassification, embed otherwise",
+        ),
+        VendorKey(
+            "embed_seq_len",
+            "sequence lengths of an embedding QPC",
+            HONOURED,
+            "one specialization per length, which must include --max-model-len; a batch runs on the smallest "
+            "that fits",
+        ),
         _unsupported("kv_offload", "vision and language in two QPCs", MULTIMODAL),
         _unsupported("num_patches", "image patches", MULTIMODAL, (None,)),
         _unsupported("height", "image heights", MULTIMODAL, (None,)),
@@ -308,6 +341,12 @@ ENGINE_ARGS: dict[str, VendorKey] = {
         ),
         VendorKey("--async-scheduling", "AOT supports it", NO_EFFECT, "served synchronously"),
         VendorKey("--speculative-config", "ngram, suffix, draft_model", HONOURED, "speculative decoding"),
+        VendorKey(
+            "--runner",
+            "pooling for embedding and reranker models",
+            HONOURED,
+            "pooling: embed, classify, score and rerank (docs/pooling.md)",
+        ),
         _unsupported("--enable-mm-embeds", "multimodal embedding input", MULTIMODAL),
     )
 }
