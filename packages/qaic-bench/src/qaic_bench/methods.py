@@ -50,6 +50,8 @@ def _qpc_note(results: Mapping[str, Any]) -> str:
 
 def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any]) -> dict[str, str]:
     """One paragraph per report key."""
+    from qaic_bench.embedding import METHOD as EMBEDDING_METHOD
+
     workload = (
         f"{s.num_prompts} requests of {s.input_len} prompt tokens and exactly {s.output_len} output tokens "
         f"(`--ignore-eos`), at most {s.batch} in flight, on a program compiled for `--max-num-seqs {s.batch} "
@@ -109,6 +111,7 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             "prompts itself, one request at a time; prefill-heavy = long prompts, short answers, concurrent, "
             "on 1P1D and on two co-located instances on the same two device groups behind the same router."
         ),
+        "embedding": EMBEDDING_METHOD,
         "timing_model": (
             "`qaic-sim fidelity --json`: the simulator's roofline timing model against every published "
             "Cloud AI 100 decode rate (batch 1, prompt 1024, generate 1024, ctx 2048). Computed, not timed."

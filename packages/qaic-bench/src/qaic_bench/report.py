@@ -18,6 +18,7 @@ REPORT_KEYS = (
     "startup_s",
     "speculative",
     "disaggregated",
+    "embedding",
     "machine",
     "commit",
 )
@@ -40,6 +41,7 @@ TITLES = {
     "startup_s": "5. Start-up",
     "speculative": "6. Speculative decoding (paced as Llama-3.1-8B with a Llama-3.2-1B draft)",
     "disaggregated": "7. Disaggregated prefill and decode (transfer, added TTFT, paced 1P1D vs co-located)",
+    "embedding": "9. Pooling: embedding throughput against sentence-transformers (unpaced; paced as BGE-large)",
 }
 
 
@@ -168,6 +170,10 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
         from qaic_bench.disaggregated import section_lines
 
         return section_lines(value)
+    if key == "embedding":
+        from qaic_bench import embedding
+
+        return embedding.section_lines(value)
     if key == "timing_model":
         rows = [[r[k] for k in TIMING_ROW_KEYS] for r in value]
         lines = _table(["card", "model", "precision", "published tok/s", "modelled tok/s", "error %"], rows)

