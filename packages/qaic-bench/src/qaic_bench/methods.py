@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from qaic_bench import eager
 from qaic_bench.settings import BenchSettings
 
 
@@ -111,6 +112,7 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             "prompts itself, one request at a time; prefill-heavy = long prompts, short answers, concurrent, "
             "on 1P1D and on two co-located instances on the same two device groups behind the same router."
         ),
+        "eager": eager.METHOD,
         "embedding": EMBEDDING_METHOD,
         "timing_model": (
             "`qaic-sim fidelity --json`: the simulator's roofline timing model against every published "

@@ -18,6 +18,7 @@ REPORT_KEYS = (
     "startup_s",
     "speculative",
     "disaggregated",
+    "eager",
     "embedding",
     "machine",
     "commit",
@@ -41,6 +42,7 @@ TITLES = {
     "startup_s": "5. Start-up",
     "speculative": "6. Speculative decoding (paced as Llama-3.1-8B with a Llama-3.2-1B draft)",
     "disaggregated": "7. Disaggregated prefill and decode (transfer, added TTFT, paced 1P1D vs co-located)",
+    "eager": "8. Eager (pyt) mode beside aot, and prefix caching (paced)",
     "embedding": "9. Pooling: embedding throughput against sentence-transformers (unpaced; paced as BGE-large)",
 }
 
@@ -170,6 +172,10 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
         from qaic_bench.disaggregated import section_lines
 
         return section_lines(value)
+    if key == "eager":
+        from qaic_bench import eager
+
+        return eager.section_lines(value)
     if key == "embedding":
         from qaic_bench import embedding
 

@@ -228,6 +228,21 @@ class Runner:
             self.model, self.paced_env, self.work / "disaggregated", settings, self.s.pace_as
         )
 
+    def part_eager(self) -> None:
+        """Both execution modes on one workload, and prefix caching on a shared prefix (eager mode)."""
+        from qaic_bench import eager
+
+        shape = {
+            "batch": self.s.batch,
+            "num_prompts": self.s.num_prompts,
+            "input_len": self.s.input_len,
+            "output_len": self.s.output_len,
+            "max_model_len": self.s.max_model_len,
+            "prefill_seq_len": self.s.prefill_seq_len,
+            "dtype": self.dtype,
+        }
+        self.report.data["eager"] = eager.measure(self.model, self.paced_env, self.work / "eager", shape)
+
     def part_embedding(self) -> None:
         """all-MiniLM-L6-v2 through vllm serve --runner pooling, unpaced and paced as a BGE-large."""
         from qaic_bench import embedding
@@ -255,6 +270,7 @@ class Runner:
                 self.part_speculative,
             ),
             ("disaggregated", "7. disaggregated prefill and decode (paced)", self.part_disaggregated),
+            ("eager", "8. eager (pyt) mode beside aot, and prefix caching (paced)", self.part_eager),
             (
                 "embedding",
                 "9. pooling: embedding throughput against sentence-transformers",
@@ -272,6 +288,7 @@ class Runner:
             "startup_s",
             "speculative",
             "disaggregated",
+            "eager",
             "embedding",
         ):
             if key not in self.report.data:
