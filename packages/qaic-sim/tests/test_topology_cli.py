@@ -125,7 +125,7 @@ def test_cli_list() -> None:
     rows = [line for line in result.stdout.splitlines() if "standard" in line or "ultra" in line]
     assert len(rows) == 5 and "16/16" in rows[0] and "16384/16384" in rows[0] and "32768/32768" in rows[1]
     bad = _cli("list", env={"QAIC_VISIBLE_DEVICES": "7"})
-    assert bad.returncode == 2 and "device 7 does not exist" in bad.stdout
+    assert bad.returncode == 2 and "device 7 does not exist" in bad.stderr  # errors go to stderr
 
 
 def test_cli_compile_and_qpc(tmp_path: Path) -> None:
@@ -144,7 +144,8 @@ def test_cli_compile_and_qpc(tmp_path: Path) -> None:
         "past_key.0_RetainedState" in shown.stdout and "Prefill" in shown.stdout and "Decode" in shown.stdout
     )
     bad = _cli("compile", "-aic-hw", f"-m={onnx_path}", "-nonsense")
-    assert bad.returncode == 2 and "unknown qaic-compile flag '-nonsense'" in bad.stdout
+    assert bad.returncode == 2 and "unknown qaic-compile flag '-nonsense'" in bad.stderr
+    assert "-nonsense" not in bad.stdout  # as the real compiler: errors on stderr only
 
 
 def test_every_simulator_variable_and_fault_kind_is_documented() -> None:

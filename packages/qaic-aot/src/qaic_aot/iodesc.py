@@ -82,6 +82,10 @@ def read_program_io(runtime: QaicrtModule, aicapi: AicApiModule, qpc: Qpc) -> Pr
         [(BUFFER_DTYPES[BufferType(int(s.type))].itemsize, [int(d) for d in s.dims]) for s in shape.shapes]
         for shape in desc.allowed_shapes
     ]
+    if not allowed and bindings:
+        # A program of one specialization lists no allowed shapes: its only shape is the bindings'
+        # dims (what QEfficient's _fetch_full_batch_size falls back to).
+        allowed = [[(b.dtype.itemsize, list(b.dims)) for b in bindings]]
     return ProgramIo(bindings, allowed)
 
 

@@ -121,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_fidelity(ns.json)
         return cmd_list(console) if ns.cmd == "list" else cmd_qpc(console, ns.path)
     except (QaicError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        # On stderr, as the real compiler writes its errors: callers that keep stderr show the cause.
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
 
 

@@ -60,6 +60,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
     precisions = _custom_io(opts, inputs, outputs, retained)
     num_devices = _num_devices(opts.mdp_config)
 
+    transforms.tolerate_invalid_kv_indices(model)
     mx_weights: set[str] = set()
     if opts.mxfp6_matmul:
         mx_weights = transforms.quantize_matmul_weights(model)
@@ -410,7 +411,7 @@ def _specs_json(specs: list[Specialization]) -> str:
 
 
 def iodesc_bytes(manifest: ProgramManifest) -> bytes:
-    """The IoDesc: one ``default`` io set (also the selected set) and one allowed shape per spec."""
+    """The IoDesc: one ``default`` io set (also the selected set) and one allowed shape per spec (if several)."""
     desc = aicapi.IoDesc()
     io_set = desc.io_sets.add(name="default")
     for b in manifest.bindings:
@@ -426,6 +427,10 @@ def iodesc_bytes(manifest: ProgramManifest) -> bytes:
             is_partial_buf_allowed=b.is_partial_buf_allowed,
         )
     desc.selected_set.CopyFrom(io_set)
+    if len(manifest.specs) < 2:
+        # As the real runtime reports it: a program of one specialization lists no allowed shapes
+        # (callers such as QEfficient's _fetch_full_batch_size then read the binding dims).
+        return bytes(desc.SerializeToString())
     for spec in manifest.specs:
         allowed = desc.allowed_shapes.add()
         for b, dims in zip(manifest.bindings, spec.dims, strict=True):

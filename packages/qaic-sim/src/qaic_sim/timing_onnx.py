@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx.inliner
 import onnx.shape_inference
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from qaic_sim.timing_cost import ACTIVATION_BYTES, ProgramCost, side_bytes_per_element
 
@@ -32,6 +32,9 @@ PASS_THROUGH = frozenset(
 )
 """Ops that only re-view a weight: a MatMul behind them still reads the weight."""
 
+
+CCL_SYMBOL = "comp_ctx_lengths"
+"""QEfficient's compute-context length: the symbol sizing the ``comp_ctx_lengths`` input."""
 
 SMALL_INITIALIZER = 64
 """Initializers up to this many elements (shapes, axes, scalars) keep their data for shape inference."""
@@ -59,11 +62,15 @@ def _bind(model: onnx.ModelProto, symbols: Mapping[str, int]) -> onnx.ModelProto
         elif init.name not in declared:
             g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     missing: set[str] = set()
-    for value in [*g.input, *g.output]:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param"):
+    for is_output, values in ((False, g.input), (True, g.output)):
+        for value in values:
+            for dim in value.type.tensor_type.shape.dim:
+                if not dim.HasField("dim_param"):
+                    continue
                 if dim.dim_param in symbols:
                     dim.dim_value = int(symbols[dim.dim_param])
+                elif is_output:
+                    dim.Clear()  # a name the exporter made up (Castlogits_dim_0): inference sizes it
                 else:
                     missing.add(dim.dim_param)
     if missing:
@@ -72,6 +79,33 @@ def _bind(model: onnx.ModelProto, symbols: Mapping[str, int]) -> onnx.ModelProto
             f"symbols {sorted(missing)} have no value (given: {given}); add them to the specialization"
         )
     return bound
+
+
+_CONSTANT_FORMS: dict[str, tuple[Any, bool]] = {
+    "value_int": (np.int64, True),
+    "value_ints": (np.int64, False),
+    "value_float": (np.float32, True),
+    "value_floats": (np.float32, False),
+}
+"""Constant attributes other than ``value`` (onnxscript writes ``value_ints`` for list literals)."""
+
+
+def _tensor_constants(graph: onnx.GraphProto) -> None:
+    """Rewrite ``Constant(value_int[s]/value_float[s])`` as ``Constant(value=tensor)``.
+
+    onnxruntime's symbolic shape inference reads only ``value``; the other forms mean the same tensor.
+    """
+    for node in graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+            continue
+        attr = node.attribute[0]
+        if attr.name not in _CONSTANT_FORMS:
+            continue
+        dtype, scalar = _CONSTANT_FORMS[attr.name]
+        value = onnx.helper.get_attribute_value(attr)
+        array = np.array(value if scalar else list(value), dtype=dtype)
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(array)))
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None]:
@@ -188,6 +222,7 @@ def onnx_cost(
         for name in node.input:
             top_consumers[name].append(node)
     inlined = onnx.inliner.inline_local_functions(bound) if bound.functions else bound
+    _tensor_constants(inlined.graph)
     inferred = onnx.shape_inference.infer_shapes(inlined, strict_mode=False, data_prop=True)
     shapes = _shapes(inferred)
     if not _contractions_sized(inferred, shapes):
@@ -261,6 +296,9 @@ def onnx_cost(
                 onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
             ).itemsize
             activation += _numel(shape) * itemsize
+    ccl, ctx = symbols.get(CCL_SYMBOL), symbols.get("ctx_len")
+    if ccl and ctx and 0 < ccl < ctx:
+        kv_read *= ccl / ctx  # a compute-context length: attention reads only the first ccl positions
     log.debug("onnx cost: %.3g FLOPs, %.3g weight bytes, %.3g KV bytes read", flops, weight_read, kv_read)
     return ProgramCost(
         flops=float(flops),

@@ -121,3 +121,108 @@ def round_activations_fp16(model: onnx.ModelProto) -> int:
     graph.node.extend(nodes)
     log.info("fp16: rounding inserted after %d node outputs", count)
     return count
+
+
+KV_OPS_DOMAIN = "com.qualcomm.cloud"
+"""Domain of the KV-cache custom ops (CtxScatter, CtxGather and their CB variants)."""
+
+
+def _int64_const(name: str, values: list[int]) -> onnx.NodeProto:
+    return helper.make_node(
+        "Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64), name)
+    )
+
+
+def _tolerant_gather(node: onnx.NodeProto, p: str) -> list[onnx.NodeProto]:
+    """Nodes that clamp GatherND indices outside ``[0, dim)`` to 0 (the device reads, the model masks)."""
+    data, indices = node.input[0], node.input[1]
+    batch_dims = next((a.i for a in node.attribute if a.name == "batch_dims"), 0)
+    nodes = [
+        _int64_const(f"{p}b", [batch_dims]),
+        _int64_const(f"{p}last", [-1]),
+        _int64_const(f"{p}zero", [0]),
+        helper.make_node("Shape", [data], [f"{p}data_shape"]),
+        helper.make_node("Shape", [indices], [f"{p}idx_shape"]),
+        helper.make_node("Gather", [f"{p}idx_shape", f"{p}last"], [f"{p}k"], axis=0),
+        helper.make_node("Add", [f"{p}b", f"{p}k"], [f"{p}end"]),
+        helper.make_node("Slice", [f"{p}data_shape", f"{p}b", f"{p}end"], [f"{p}limits"]),
+        helper.make_node("Less", [indices, f"{p}zero"], [f"{p}neg"]),
+        helper.make_node("GreaterOrEqual", [indices, f"{p}limits"], [f"{p}over"]),
+        helper.make_node("Or", [f"{p}neg", f"{p}over"], [f"{p}bad"]),
+        helper.make_node("Where", [f"{p}bad", f"{p}zero", indices], [f"{p}safe"]),
+    ]
+    node.input[1] = f"{p}safe"
+    return nodes
+
+
+def _tolerant_scatter(node: onnx.NodeProto, p: str) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
+    """Nodes around a ScatterND so that an index tuple outside the data (INT32_MAX, -1) writes nothing.
+
+    Such tuples are sent to a scratch row appended on axis 0, which is sliced away afterwards.
+    """
+    data, indices, _updates = node.input[0], node.input[1], node.input[2]
+    before = [
+        _int64_const(f"{p}zero", [0]),
+        _int64_const(f"{p}one", [1]),
+        _int64_const(f"{p}last", [-1]),
+        helper.make_node("Shape", [data], [f"{p}data_shape"]),
+        helper.make_node("Shape", [indices], [f"{p}idx_shape"]),
+        helper.make_node("Gather", [f"{p}idx_shape", f"{p}last"], [f"{p}k"], axis=0),
+        helper.make_node("Slice", [f"{p}data_shape", f"{p}zero", f"{p}k"], [f"{p}limits"]),
+        helper.make_node("Less", [indices, f"{p}zero"], [f"{p}neg"]),
+        helper.make_node("GreaterOrEqual", [indices, f"{p}limits"], [f"{p}over"]),
+        helper.make_node("Or", [f"{p}neg", f"{p}over"], [f"{p}bad_each"]),
+        helper.make_node("Cast", [f"{p}bad_each"], [f"{p}bad_int"], to=TensorProto.INT64),
+        helper.make_node("ReduceSum", [f"{p}bad_int", f"{p}last"], [f"{p}bad_count"], keepdims=1),
+        helper.make_node("Greater", [f"{p}bad_count", f"{p}zero"], [f"{p}bad"]),
+        helper.make_node("Slice", [f"{p}data_shape", f"{p}zero", f"{p}one"], [f"{p}rows"]),
+        helper.make_node("Sub", [f"{p}k", f"{p}one"], [f"{p}rest"]),
+        helper.make_node(
+            "ConstantOfShape",
+            [f"{p}rest"],
+            [f"{p}rest_zeros"],
+            value=numpy_helper.from_array(np.zeros(1, np.int64)),
+        ),
+        helper.make_node("Concat", [f"{p}rows", f"{p}rest_zeros"], [f"{p}scratch_idx"], axis=0),
+        helper.make_node("Where", [f"{p}bad", f"{p}scratch_idx", indices], [f"{p}safe"]),
+        helper.make_node("Slice", [data, f"{p}zero", f"{p}one", f"{p}zero"], [f"{p}scratch"]),
+        helper.make_node("Concat", [data, f"{p}scratch"], [f"{p}data_ext"], axis=0),
+    ]
+    out = node.output[0]
+    node.input[0], node.input[1] = f"{p}data_ext", f"{p}safe"
+    node.output[0] = f"{p}written"
+    after = [helper.make_node("Slice", [f"{p}written", f"{p}zero", f"{p}rows", f"{p}zero"], [out])]
+    return before, after
+
+
+def tolerate_invalid_kv_indices(model: onnx.ModelProto) -> int:
+    """Give the KV-cache functions the device's tolerance of invalid position indices.
+
+    QEfficient marks padding with ``INT32_MAX`` positions in ``CtxScatter`` and context indices beyond
+    a row's last position with ``INT32_MAX`` in ``CtxGather``; the device ignores such writes and
+    reads something harmless (masked by the model), while onnxruntime's ScatterND/GatherND abort on
+    them. Inside every function of domain ``com.qualcomm.cloud``, ScatterND skips index tuples outside
+    the data and GatherND reads index 0 for them. Returns how many nodes were changed.
+    """
+    changed = 0
+    for function in model.functions:
+        if function.domain != KV_OPS_DOMAIN:
+            continue
+        nodes: list[onnx.NodeProto] = []
+        for node in function.node:
+            prefix = f"__qaic_tolerant{changed}_"
+            if node.op_type == "GatherND" and node.domain in ("", "ai.onnx"):
+                nodes += _tolerant_gather(node, prefix)
+                nodes.append(node)
+                changed += 1
+            elif node.op_type == "ScatterND" and node.domain in ("", "ai.onnx"):
+                before, after = _tolerant_scatter(node, prefix)
+                nodes += [*before, node, *after]
+                changed += 1
+            else:
+                nodes.append(node)
+        del function.node[:]
+        function.node.extend(nodes)
+    if changed:
+        log.info("KV ops: %d ScatterND/GatherND nodes tolerate out-of-range position indices", changed)
+    return changed
