@@ -12,6 +12,8 @@ SEQ_LEN = "seq_len"
 CTX_LEN = "ctx_len"
 FULL_BATCH_SIZE = "full_batch_size"
 NUM_LOGITS_TO_KEEP = "num_logits_to_keep"
+# Compute-context length: an input (and symbol) whose length is how many KV positions attention reads.
+COMP_CTX_LENGTHS = "comp_ctx_lengths"
 # Attention scores of masked keys; finite so that a float16 compile keeps it representable.
 MASKED_SCORE = -10000.0
 
@@ -21,9 +23,11 @@ def kv_names(num_layers: int, suffix: str = "") -> list[str]:
     return [f"past_{kind}.{i}{suffix}" for i in range(num_layers) for kind in ("key", "value")]
 
 
-def input_names(num_layers: int, settings: CompileSettings) -> list[str]:
-    """Program inputs in QEfficient's order."""
+def input_names(num_layers: int, settings: CompileSettings, *, ccl: bool = False) -> list[str]:
+    """Program inputs in QEfficient's order (``comp_ctx_lengths`` after the KV cache when ``ccl``)."""
     names = ["input_ids", "position_ids", *kv_names(num_layers)]
+    if ccl:
+        names.append(COMP_CTX_LENGTHS)
     if settings.full_batch_size is not None:
         names.append("batch_index")
     if settings.num_speculative_tokens is not None:

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from qaic_aot.export import contract
 from qaic_aot.export.decoder import DecoderGraph
 from qaic_aot.export.families import (
+    ROUTE_ENV,
     TRACED,
     architecture_of,
     check_architecture,
@@ -67,8 +68,12 @@ def export_onnx(
     *,
     dtype: str = "float32",
     progress: bool = True,
+    ccl: bool = False,
 ) -> contract.ExportResult:
-    """Export ``model_dir`` to ONNX at ``out_path`` for ``settings``; see the IO contract in docs/aot.md."""
+    """Export ``model_dir`` to ONNX at ``out_path`` for ``settings``; see the IO contract in docs/aot.md.
+
+    ``ccl`` adds the ``comp_ctx_lengths`` input (compute-context lengths; traced route only).
+    """
     model_dir, out_path = Path(model_dir), Path(out_path)
     if dtype not in SUPPORTED_DTYPES:
         raise QaicConfigError(
@@ -96,7 +101,12 @@ def export_onnx(
     if export_route(architecture_of(config)) == TRACED:
         weight_files(model_dir)
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        return _export_traced(model_dir, out_path, settings, config, progress)
+        return _export_traced(model_dir, out_path, settings, config, progress, ccl)
+    if ccl:
+        raise QaicConfigError(
+            f"compute-context lengths are exported by the traced route only: set {ROUTE_ENV}=traced for "
+            f"{architecture_of(config)}"
+        )
     spec = decoder_spec(config, settings)
     weight_files(model_dir)  # fail early, naming the missing weight file
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +159,7 @@ def _export_ours(
 
 
 def _export_traced(
-    model_dir: Path, out_path: Path, settings: CompileSettings, config: Any, progress: bool
+    model_dir: Path, out_path: Path, settings: CompileSettings, config: Any, progress: bool, ccl: bool = False
 ) -> contract.ExportResult:
     """Trace transformers' own code for the model (``qaic_aot.export.traced``)."""
     from qaic_aot.export.traced import export as traced
@@ -172,7 +182,7 @@ def _export_traced(
         geometry.head_dim,
         settings.ctx_len,
     )
-    proto = traced.trace(model, geometry, settings)
+    proto = traced.trace(model, geometry, settings, ccl)
     del model
     stages.update()
     stages.set_postfix_str("checking")
@@ -192,7 +202,7 @@ def _export_traced(
         head_dim=geometry.head_dim,
         vocab_size=geometry.vocab_size,
         architecture=arch,
-        input_names=contract.input_names(geometry.num_layers, settings),
+        input_names=contract.input_names(geometry.num_layers, settings, ccl=ccl),
         output_names=contract.output_names(geometry.num_layers),
         exporter=exporter_name(TRACED),
     )

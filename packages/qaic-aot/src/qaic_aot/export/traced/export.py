@@ -70,7 +70,9 @@ def measure(model: Any) -> KvGeometry:
     return KvGeometry(len(cache.layers), int(heads), int(head_dim), int(out.logits.shape[-1]))
 
 
-def example_inputs(geometry: KvGeometry, settings: CompileSettings) -> tuple[torch.Tensor, ...]:
+def example_inputs(
+    geometry: KvGeometry, settings: CompileSettings, ccl: bool = False
+) -> tuple[torch.Tensor, ...]:
     """Inputs for tracing: two rows of three tokens (one padded) against the whole cache."""
     s = settings
     slots = s.full_batch_size if s.full_batch_size is not None else 2
@@ -79,6 +81,8 @@ def example_inputs(geometry: KvGeometry, settings: CompileSettings) -> tuple[tor
     kv_shape = (slots, geometry.num_kv_heads, s.ctx_len, geometry.head_dim)
     past = [torch.zeros(kv_shape, dtype=torch.float32) for _ in range(2 * geometry.num_layers)]
     args: list[torch.Tensor] = [ids, pos, *past]
+    if ccl:
+        args.append(torch.zeros(max(8, s.ctx_len // 2), dtype=torch.int64))
     if s.full_batch_size is not None:
         args.append(torch.tensor([[0], [min(1, slots - 1)]], dtype=torch.int64))
     if s.num_speculative_tokens is not None:
@@ -86,7 +90,7 @@ def example_inputs(geometry: KvGeometry, settings: CompileSettings) -> tuple[tor
     return tuple(args)
 
 
-def dynamic_axes(num_layers: int, settings: CompileSettings) -> dict[str, dict[int, str]]:
+def dynamic_axes(num_layers: int, settings: CompileSettings, ccl: bool = False) -> dict[str, dict[int, str]]:
     """The contract's symbolic dims, by input and output name."""
     kv_rows = contract.kv_batch_dim(settings)
     axes: dict[str, dict[int, str]] = {
@@ -97,6 +101,8 @@ def dynamic_axes(num_layers: int, settings: CompileSettings) -> dict[str, dict[i
     for name in contract.kv_names(num_layers):
         axes[name] = {0: kv_rows, 2: contract.CTX_LEN}
         axes[f"{name}_RetainedState"] = {0: kv_rows, 2: contract.CTX_LEN}
+    if ccl:
+        axes[contract.COMP_CTX_LENGTHS] = {0: contract.COMP_CTX_LENGTHS}
     if settings.full_batch_size is not None:
         axes["batch_index"] = {0: contract.BATCH_SIZE}
     if settings.num_speculative_tokens is not None:
@@ -105,24 +111,28 @@ def dynamic_axes(num_layers: int, settings: CompileSettings) -> dict[str, dict[i
     return axes
 
 
-def trace(model: Any, geometry: KvGeometry, settings: CompileSettings) -> onnx.ModelProto:
-    """Export ``model`` through the contract and return the finished ONNX (weights in memory)."""
+def trace(model: Any, geometry: KvGeometry, settings: CompileSettings, ccl: bool = False) -> onnx.ModelProto:
+    """Export ``model`` through the contract and return the finished ONNX (weights in memory).
+
+    ``ccl`` adds QEfficient's ``comp_ctx_lengths`` input: attention reads only as many cache positions
+    as it is long (a compute-context length, one specialization each).
+    """
     n = geometry.num_layers
     model.config._attn_implementation = attention.register()
     program = CausalLMProgram(
-        model, n, settings.full_batch_size is not None, settings.num_speculative_tokens is not None
+        model, n, settings.full_batch_size is not None, settings.num_speculative_tokens is not None, ccl
     ).eval()
     with tempfile.TemporaryDirectory(prefix="qaic-trace-") as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         path = Path(tmp) / "traced.onnx"
         torch.onnx.export(
             program,
-            example_inputs(geometry, settings),
+            example_inputs(geometry, settings, ccl),
             str(path),
             dynamo=False,
-            input_names=contract.input_names(n, settings),
+            input_names=contract.input_names(n, settings, ccl=ccl),
             output_names=contract.output_names(n),
-            dynamic_axes=dynamic_axes(n, settings),
+            dynamic_axes=dynamic_axes(n, settings, ccl),
             opset_version=ONNX_OPSET,
             custom_opsets={DOMAIN: DOMAIN_VERSION},
             do_constant_folding=True,
@@ -145,6 +155,7 @@ def finish(model: onnx.ModelProto, geometry: KvGeometry, settings: CompileSettin
         "position_ids": [contract.BATCH_SIZE, contract.SEQ_LEN],
         "batch_index": [contract.BATCH_SIZE, 1],
         "num_logits_to_keep": [contract.NUM_LOGITS_TO_KEEP, 1],
+        contract.COMP_CTX_LENGTHS: [contract.COMP_CTX_LENGTHS],
         "logits": [contract.BATCH_SIZE, n_logits, geometry.vocab_size],
     }
     for name in contract.kv_names(geometry.num_layers):

@@ -27,16 +27,22 @@ class LastTokenHead(nn.Module):
 
 
 class CausalLMProgram(nn.Module):
-    """``forward(input_ids, position_ids, past_key.0, past_value.0, ..., [batch_index], [num_logits_to_keep])``."""
+    """``forward(input_ids, position_ids, past_key.0, ..., [comp_ctx_lengths], [batch_index], [num_logits_to_keep])``."""
 
     def __init__(
-        self, model: nn.Module, num_layers: int, continuous_batching: bool, speculative: bool
+        self,
+        model: nn.Module,
+        num_layers: int,
+        continuous_batching: bool,
+        speculative: bool,
+        ccl: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
         self.num_layers = num_layers
         self.continuous_batching = continuous_batching
         self.speculative = speculative
+        self.ccl = ccl
         self.logit_indices: torch.Tensor | None = None
         name, head = _lm_head(model)
         setattr(model, name, LastTokenHead(head, self))
@@ -46,9 +52,11 @@ class CausalLMProgram(nn.Module):
     ) -> tuple[Any, ...]:
         past = list(rest[: 2 * self.num_layers])
         extra = list(rest[2 * self.num_layers :])
+        ccl = extra.pop(0) if self.ccl else None
         batch_index = extra.pop(0) if self.continuous_batching else None
         keep = extra.pop(0) if self.speculative else None
-        step = steps.Step(position_ids, batch_index, past[0].shape[2])
+        context = ccl.shape[0] if ccl is not None else past[0].shape[2]
+        step = steps.Step(position_ids, batch_index, context)
         cache = RetainedCache(past, step)
         self.logit_indices = step.last_indices(keep)
         with steps.active(step):

@@ -15,7 +15,11 @@ _CURRENT: ContextVar[Step | None] = ContextVar("qaic_traced_step", default=None)
 
 
 class Step:
-    """One program step: ``position_ids`` as given (-1 is padding), ``batch_index`` with continuous batching."""
+    """One program step: ``position_ids`` as given (-1 is padding), ``batch_index`` with continuous batching.
+
+    Attention reads the first ``ctx_len`` cache positions: the whole cache, or the compute-context
+    length (the length of ``comp_ctx_lengths``) when the program has one.
+    """
 
     def __init__(self, position_ids: torch.Tensor, batch_index: torch.Tensor | None, ctx_len: int):
         self.position_ids = position_ids
