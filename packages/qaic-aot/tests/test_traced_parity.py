@@ -107,3 +107,21 @@ def test_traced_logits_within_documented_tolerance(
     print(f"{arch} traced {precision}: max |dlogit| {error:.3e} = {error / scale:.2e} of max |logit|")
     assert error <= rtol * scale
     assert error > 1e-5 * scale  # the compiler really applied the reduced precision
+
+
+def test_qaic_aot_generate_serves_a_traced_architecture(
+    tiny_model_factory: Callable[[str], Path], references: Callable[[str], HFReference], tmp_path: Path
+) -> None:
+    import json
+
+    from test_cli import FLAGS, PROMPTS, qaic_aot
+
+    model_dir, ref = tiny_model_factory("gemma2"), references("gemma2")
+    args = ["generate", str(model_dir), *FLAGS, "--generation-len", "6", "--json", "--no-progress"]
+    for prompt in PROMPTS:
+        args += ["--prompt", prompt]
+    generated = qaic_aot(*args, home=tmp_path / "home")
+    assert generated.returncode == 0, generated.stderr
+    for prompt, result in zip(PROMPTS, json.loads(generated.stdout), strict=True):
+        ids = ref.tokenizer(prompt)["input_ids"]
+        assert result["token_ids"] == ref.greedy(ids, 6)
