@@ -30,6 +30,7 @@ from typing import Any
 
 from qaic_core.advice import ProgramNeeds
 from qaic_core.errors import QaicConfigError
+from qaic_core.execution import ShapeChoice, ShapeRequest
 from qaic_core.resources import MB, DeviceResources
 from qaic_core.settings import CompileSettings
 
@@ -486,3 +487,17 @@ def program_needs(program_dir: Path, devices: Sequence[DeviceResources]) -> Prog
     return ProgramNeeds(
         num_cores=settings.num_cores, dram_bytes_per_device=memory.per_device, smaller=smaller
     )
+
+
+def size_shape(request: ShapeRequest) -> ShapeChoice:
+    """The ``aot`` path's answer to a :class:`ShapeRequest`: a shape given in full is checked, else chosen."""
+    dims = model_dims(request.model_dir)
+    limit = request.max_positions
+    dims = ModelDims(**{**dims.__dict__, "max_positions": min(dims.max_positions or limit, limit)})
+    probe, devices = request.settings, list(request.devices)
+    if request.batch is not None and request.ctx is not None:
+        if not fits(dims, probe, budget_of(devices)):
+            raise QaicConfigError(too_large(dims, probe, devices))
+        return ShapeChoice(probe)
+    choice = choose_shape(dims, probe, devices, batch=request.batch, ctx=request.ctx)
+    return ShapeChoice(with_shape(probe, choice.batch, choice.ctx), choice.reason, choice.memory.describe())

@@ -13,7 +13,7 @@ from qaic_core.execution import GENERATE, OVERLAP, SLOT_KV_TRANSFER, SPECULATIVE
 if TYPE_CHECKING:
     from qaic_aot.pooling import AotPoolingModel
     from qaic_aot.step_model import AotStepModel
-    from qaic_core.execution import ExecutionConfig
+    from qaic_core.execution import ExecutionConfig, ShapeChoice, ShapeRequest
 
 
 def open_step_model(config: ExecutionConfig) -> AotStepModel | AotPoolingModel:
@@ -25,6 +25,13 @@ def open_step_model(config: ExecutionConfig) -> AotStepModel | AotPoolingModel:
     from qaic_aot import step_model
 
     return step_model.open_step_model(config)
+
+
+def size_shape(request: ShapeRequest) -> ShapeChoice:
+    """The program's memory as the compiler counts it (:mod:`qaic_aot.memory`), imported on use."""
+    from qaic_aot import memory
+
+    return memory.size_shape(request)
 
 
 def check(config: ExecutionConfig) -> None:
@@ -51,5 +58,6 @@ def qaic_execution_paths() -> list[ExecutionPath]:
             priority=10,
             description="export to ONNX, compile to a cached QPC and run it (QEfficient's IO contract)",
             pooling_architectures=frozenset(POOLING_ARCHITECTURES),
+            size=size_shape,
         )
     ]

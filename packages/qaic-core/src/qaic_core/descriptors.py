@@ -11,7 +11,14 @@ from qaic_core.runtime import AicApiModule, QaicrtModule
 
 if TYPE_CHECKING:
     from qaic_core.eager import EagerDevice, EagerDeviceRequest
-    from qaic_core.execution import ExecutionConfig, PagedStepModel, PoolingModel, StepModel
+    from qaic_core.execution import (
+        ExecutionConfig,
+        PagedStepModel,
+        PoolingModel,
+        ShapeChoice,
+        ShapeRequest,
+        StepModel,
+    )
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class ExecutionPath:
     priority: int = 0
     description: str = ""
     pooling_architectures: frozenset[str] = field(default_factory=frozenset)
+    size: Callable[[ShapeRequest], ShapeChoice] | None = None
+    """Chooses a batch and context that fit the device group (raises when a given shape cannot fit)."""
 
 
 CAPABILITIES = frozenset(

@@ -368,3 +368,29 @@ def check_capabilities(claimed: frozenset[str], who: str) -> None:
         raise QaicPluginError(
             f"{who} claims unknown step capabilities {unknown}; known: {', '.join(sorted(STEP_CAPABILITIES))}"
         )
+
+
+@dataclass(frozen=True)
+class ShapeRequest:
+    """Which batch and context to compile for, asked of an execution path before anything is built.
+
+    ``settings`` holds the shape asked for; ``batch`` / ``ctx`` are None where the user gave no value
+    (the path chooses one that fits), ``max_positions`` bounds the context.
+    """
+
+    model_dir: Path
+    settings: CompileSettings
+    devices: Sequence[Any]
+    """``qaic_core.resources.DeviceResources`` of the device group."""
+    batch: int | None
+    ctx: int | None
+    max_positions: int
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    """The settings to compile for, and in words why and what the program will take."""
+
+    settings: CompileSettings
+    reason: str = ""
+    memory: str = ""

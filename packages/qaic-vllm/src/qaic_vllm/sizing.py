@@ -3,7 +3,7 @@
 vllm-qaic compiles for the device's cores (``nspTotal``). Without ``--max-num-seqs`` /
 ``--max-model-len`` vLLM would pick 256 (or 128) sequences and the model's full context, which a card
 may not hold; here the missing ones are chosen to fit the device group's memory as the compiler counts
-it (:mod:`qaic_aot.memory`), and the choice is logged with its reason. A shape given in full that
+it (the execution path's ``size``), and the choice is logged with its reason. A shape given in full that
 cannot fit fails before compiling, naming the largest that would.
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qaic_aot import memory
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicConfigError
+from qaic_core.execution import ShapeRequest
 from qaic_core.resources import DeviceResources, group_ids, query_devices
 from qaic_core.settings import CompileSettings
 
@@ -94,35 +94,38 @@ def fit_shape(
     """
     if _sized(vllm_config) == (settings.decode_batch_size, settings.ctx_len):
         return settings
-    model_config = vllm_config.model_config
-    dims = memory.model_dims(model_dir)
-    limit = int(model_config.max_model_len)
-    dims = memory.ModelDims(**{**dims.__dict__, "max_positions": min(dims.max_positions or limit, limit)})
+    from qaic_vllm.config import execution_path_of
+
+    path = get_plugin_manager().select_execution_path(execution_path_of(vllm_config))
+    if path.size is None:
+        return settings
     sc = vllm_config.speculative_config
     k = int(getattr(sc, "num_speculative_tokens", 0) or 0) if sc is not None else 0
     probe = settings.replace(num_speculative_tokens=k) if k and k + 1 <= settings.ctx_len else settings
     batch = settings.full_batch_size if batch_given(vllm_config) else None
     ctx = settings.ctx_len if ctx_given(vllm_config) else None
+    request = ShapeRequest(model_dir, probe, devices, batch, ctx, int(vllm_config.model_config.max_model_len))
+    choice = path.size(request)
     if batch is not None and ctx is not None:
-        if not memory.fits(dims, probe, memory.budget_of(devices)):
-            raise QaicConfigError(memory.too_large(dims, probe, devices))
         return settings
-    choice = memory.choose_shape(dims, probe, devices, batch=batch, ctx=ctx)
     unset = " and ".join(
         flag for flag, value in (("--max-num-seqs", batch), ("--max-model-len", ctx)) if value is None
     )
+    chosen = choice.settings
     log.info(
         "qaic: %s not given: chose --max-num-seqs %d --max-model-len %d for %s: %s; the program takes %s "
         "(pass %s to choose yourself)",
         unset,
-        choice.batch,
-        choice.ctx,
+        chosen.decode_batch_size,
+        chosen.ctx_len,
         model_dir.name,
         choice.reason,
-        choice.memory.describe(),
+        choice.memory,
         unset,
     )
-    return memory.with_shape(settings, choice.batch, choice.ctx)
+    return settings.replace(
+        full_batch_size=chosen.full_batch_size, ctx_len=chosen.ctx_len, prefill_seq_len=chosen.prefill_seq_len
+    )
 
 
 SIZED_KEY = "qaic_sized_shape"
