@@ -24,6 +24,7 @@ def compile_settings(shape: ServeShape, dtype: str) -> CompileSettings:
         batch_size=1,
         full_batch_size=shape.max_num_seqs,
         convert_to_fp16=dtype == "float16",
+        aic_enable_depth_first=True,  # the plugin's default, as vllm-qaic's
     )
 
 
