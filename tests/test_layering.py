@@ -52,5 +52,5 @@ def test_imports_follow_the_documented_layers() -> None:
 
 
 def test_serving_code_imports_no_execution_path_or_backend() -> None:
-    for package in ("qaic-vllm", "qaic-kvconnector"):
-        assert imported_packages(package) <= {"qaic-core"}, package
+    assert imported_packages("qaic-vllm") <= {"qaic-core"}
+    assert imported_packages("qaic-kvconnector") <= {"qaic-core", "qaic-sim"}  # see the table

@@ -275,12 +275,15 @@ def link_scale(value: str, model: str) -> float:
     pace_as = os.environ.get("QAIC_SIM_PACE_AS", "").strip()
     if not pace_as:
         return 1.0
-    try:
-        from qaic_sim.config import pace_as_config
+    try:  # the simulator's presets, when it is installed: nothing here needs it otherwise
+        from qaic_sim.config import pace_as_config, pace_as_for
         from qaic_sim.timing_shape import DecoderShape
     except ImportError:
         return 1.0
-    paced = DecoderShape.from_config(pace_as_config(pace_as)).kv_elements_per_token
+    paced_model = pace_as_for(pace_as, str(model))
+    if paced_model is None:
+        return 1.0
+    paced = DecoderShape.from_config(pace_as_config(paced_model)).kv_elements_per_token
     own = DecoderShape.from_config(
         json.loads((Path(model) / "config.json").read_text())
     ).kv_elements_per_token
