@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from models import ARCHITECTURES, CONFIGS, HFGreedy, build_tiny_model
+from eager_models import ARCHITECTURES, CONFIGS, HFGreedy, build_tiny_model
 
 from qaic_pyt.plugin import ARCHITECTURES as SUPPORTED
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from models import HFGreedy, build_tiny_model
+from eager_models import HFGreedy, build_tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "qaic-vllm" / "tests"))
 from vllm_server import VllmServer
