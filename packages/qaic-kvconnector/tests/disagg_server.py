@@ -53,7 +53,13 @@ class Disagg:
     """Starts ``qaic-disagg`` with its instances' logs in ``log_dir``; stops its whole process group."""
 
     def __init__(
-        self, model: Path, args: list[str], log_dir: Path, prefills: int = 1, decodes: int = 1
+        self,
+        model: Path,
+        args: list[str],
+        log_dir: Path,
+        prefills: int = 1,
+        decodes: int = 1,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -70,7 +76,7 @@ class Disagg:
             "--decode-port", ",".join(str(free_port()) for _ in range(decodes)),
             *args,
         ]  # fmt: skip
-        env = dict(os.environ)
+        env = dict(os.environ) | (env or {})
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         env.setdefault("QAIC_BACKEND", "sim")
         self._log = self.log_path.open("w")

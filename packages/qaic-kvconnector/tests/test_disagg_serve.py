@@ -58,8 +58,15 @@ def arrivals(log: str) -> int:
     return sum("KV positions" in line and "arrived in" in line for line in log.splitlines())
 
 
-def launch(model: Path, args: list[str], log_dir: Path, prefills: int = 1, decodes: int = 1) -> Disagg:
-    d = Disagg(model, args, log_dir, prefills, decodes)
+def launch(
+    model: Path,
+    args: list[str],
+    log_dir: Path,
+    prefills: int = 1,
+    decodes: int = 1,
+    env: dict[str, str] | None = None,
+) -> Disagg:
+    d = Disagg(model, args, log_dir, prefills, decodes, env)
     try:
         return d.wait_ready()
     except BaseException:
@@ -100,13 +107,22 @@ def test_tcp_streaming_matches_one_instance_with_speculation_on_decode(
         return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
     assert chat(router) == chat(single)
+    choice = {"structured_outputs": {"choice": ["alpha", "beta"]}}
+
+    def pick(c: openai.OpenAI) -> str:
+        reply = c.completions.create(
+            model=MODEL, prompt="Pick one:", max_tokens=5, temperature=0, extra_body=choice
+        )
+        return str(reply.choices[0].text)
+
+    assert pick(router) == pick(single) in ("alpha", "beta")
     whole = router.completions.create(model=MODEL, prompt=prompt_ids(3), max_tokens=8, temperature=0)
     alone = single.completions.create(model=MODEL, prompt=prompt_ids(3), max_tokens=8, temperature=0)
     assert set(whole.model_dump()) == set(alone.model_dump())
     assert whole.choices[0].text == alone.choices[0].text and whole.usage == alone.usage
     decode_log = tcp_spec.instance_log("decode-0")
-    assert arrivals(decode_log) >= 10 and "did not arrive" not in decode_log
-    assert tcp_spec.router_stats()["disaggregated"] >= 10
+    assert arrivals(decode_log) >= 11 and "did not arrive" not in decode_log
+    assert tcp_spec.router_stats()["disaggregated"] >= 11
     metrics = httpx.get(tcp_spec.instance_url("decode-0") + "/metrics", timeout=30).text
     accepted = [
         line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_accepted_tokens")
@@ -149,24 +165,51 @@ def _segments() -> list[str]:
     return sorted(p.name for p in Path("/dev/shm").glob("qaic_kv_*"))
 
 
-def test_prefill_killed_mid_transfer_is_recomputed_on_decode(
+def test_transfers_overlap_decoding_and_a_prefill_killed_mid_transfer_is_recomputed(
     wide_head_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     # head_dim 64 and an mxint8 KV: the KV travels compact. A 48-token prompt's 47 positions are
     # 2 layers x (K, V) x 64 values x (1 + 1/32) bytes = 12408 bytes; at 3.3e-5 Gbit/s that is 3 s on the wire.
+    # Paced as a 0.5B model (about 20 ms per decode step), a 200-token stream outlives a transfer.
     args = [
         *COMMON, "--max-model-len", "256", "--kv-cache-dtype", "mxint8",
         "--prefill-device-group", "0", "--decode-device-group", "1", "--kv-transport", "tcp",
-        "--kv-link-gbps", "0.000033", "--kv-transfer-timeout", "120",
+        "--kv-link-gbps", "0.000033", "--kv-link-scale", "1", "--kv-transfer-timeout", "120",
         "--prefill-max-num-seqs", "2", "--decode-max-num-seqs", "4",
     ]  # fmt: skip
-    d = launch(wide_head_model, args, tmp_path_factory.mktemp("disagg-kill"))
+    paced = {"QAIC_SIM_PACE_AS": "qwen2.5-0.5b"}
+    d = launch(wide_head_model, args, tmp_path_factory.mktemp("disagg-kill"), env=paced)
     try:
         router, single = client(d.url), client(d.instance_url("decode-0"))
         prompts = [prompt_ids(5), prompt_ids(6), *(prompt_ids(i) for i in range(4))]
         refs = [complete_tokens(single, p, 12) for p in prompts]
+
+        arrived: list[float] = []
+
+        def background() -> None:
+            stream = single.completions.create(
+                model=MODEL,
+                prompt=prompt_ids(0),
+                max_tokens=200,
+                temperature=0,
+                stream=True,
+                extra_body=GREEDY,
+            )
+            for chunk in stream:
+                arrived.extend(time.monotonic() for _ in chunk.choices[0].token_ids or [])
+
+        other = threading.Thread(target=background)
+        other.start()
+        while len(arrived) < 5 and other.is_alive():
+            time.sleep(0.02)
+        start = time.monotonic()
         assert complete_tokens(router, prompts[0], 12) == refs[0]
+        end = time.monotonic()
+        other.join(timeout=120)
         assert "47 KV positions (12408 bytes) arrived" in d.instance_log("decode-0")
+        assert end - start > 3.0
+        during = [t for t in arrived if start + 0.5 < t < end - 0.5]
+        assert len(during) >= 10, f"{len(during)} tokens of the other stream while the KV was on the wire"
 
         result: dict[str, Any] = {}
 
