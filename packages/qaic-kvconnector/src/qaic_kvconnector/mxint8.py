@@ -10,6 +10,7 @@ and decoding restores the very same float16 values: the hand-off adds no error o
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 BLOCK = 32
 E8M0_BIAS = 127
@@ -47,7 +48,7 @@ def encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, (shared + E8M0_BIAS).astype(np.uint8)
 
 
-def decode(codes: np.ndarray, scales: np.ndarray, width: int, dtype: np.dtype | str) -> np.ndarray:
+def decode(codes: np.ndarray, scales: np.ndarray, width: int, dtype: npt.DTypeLike) -> np.ndarray:
     """Values from codes and exponents, the last axis cut back to ``width``, as ``dtype``."""
     k = codes.reshape(*codes.shape[:-1], -1, BLOCK).astype(np.float32)
     k *= (_pow2(scales.astype(np.int32) - E8M0_BIAS) / np.float32(64))[..., None]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from qaic_core import get_plugin_manager
@@ -196,11 +196,13 @@ class QaicWorker(WorkerBase):
                     tracer.end_iteration()
             return self.runner.execute_model(scheduler_output)
 
-    def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
+    def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         assert self.runner is not None, "load_model() must run before sample_tokens()"
         with fatal_reported("serving"):
             output = self.runner.sample_tokens(grammar_output)
-        return self.kv_transfer.attach(output) if self.kv_transfer is not None else output
+        if self.kv_transfer is not None and isinstance(output, ModelRunnerOutput):
+            return self.kv_transfer.attach(output)  # a KV connector turns async scheduling off
+        return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         return self.runner.take_draft_token_ids() if self.runner is not None else None
