@@ -119,7 +119,9 @@ def test_a_fault_storm_stops_the_server_with_a_failing_status(tiny_model: Path, 
         if line.strip() and "resource_tracker" not in line and "warnings.warn" not in line
     ]
     assert code not in (0, None)
-    assert lines[-1].startswith("qaic: the engine stopped while serving: 2 device faults within 600 s"), lines[-3:]
+    assert lines[-1].startswith("qaic: the engine stopped while serving: 2 device faults within 600 s"), (
+        lines[-3:]
+    )
     assert "VLLM_QAIC_MAX_DEVICE_FAULTS" in lines[-1]
 
 
