@@ -25,12 +25,10 @@ log = logging.getLogger("qaic.aot.session")
 class RunHandle:
     """One run in flight on one exec object; ``wait()`` returns its outputs by name."""
 
-    def __init__(
-        self, session: QAICInferenceSession, exec_index: int, dims: list[tuple[int, list[int]]]
-    ) -> None:
+    def __init__(self, session: QAICInferenceSession, exec_index: int, arrays: list[np.ndarray]) -> None:
         self._session = session
         self.exec_index = exec_index
-        self._dims = dims
+        self._arrays = arrays  # bound zero-copy: they must live until the run is waited for
         self._result: dict[str, np.ndarray] | None = None
         self._error: BaseException | None = None
 
@@ -40,7 +38,7 @@ class RunHandle:
             observer = self._session._observer
             start = time.perf_counter() if observer is not None else 0.0
             try:
-                self._result = self._session._complete(self.exec_index, self._dims)
+                self._result = self._session._complete(self.exec_index, self._arrays)
             except BaseException as exc:
                 self._error = exc
             if observer is not None:
@@ -87,6 +85,10 @@ class QAICInferenceSession:
         self._bindings = io.bindings
         self._allowed_shapes = io.allowed_shapes
         self._index = {b.name: b.index for b in self._bindings}
+        # Prepared once: what every run needs per binding, and the specialization of each shape set seen.
+        self._inputs = [b for b in self._bindings if b.dir == Direction.IN]
+        self._outputs = [b for b in self._bindings if b.dir == Direction.OUT]
+        self._specs: dict[tuple[tuple[int, ...] | None, ...], int] = {}
         props = rt.QAicProgramProperties()
         props.dataPathTimeoutMs = data_path_timeout_ms
         device: int | None = None
@@ -235,8 +237,6 @@ class QAICInferenceSession:
                 "objects (num_exec_objects)"
             )
         arrays = self._arrays_for(inputs)
-        qbuffers = [self._rt.QBuffer(arr.tobytes()) for arr in arrays]
-        dims = [(b.dtype.itemsize, list(arr.shape)) for b, arr in zip(self._bindings, arrays, strict=True)]
         if not self._busy[exec_index].acquire(blocking=False):
             raise QaicRuntimeError(
                 f"exec object {exec_index} already has a run in flight: wait() for it first or submit to "
@@ -245,12 +245,13 @@ class QAICInferenceSession:
             )
         try:
             exe = self._exec[exec_index]
-            check(exe.setData(qbuffers, self._rt.BufferDimensionsVecRef(dims)), "ExecObj.setData")
+            # Zero-copy binding: inputs are read from these arrays and outputs written into them.
+            check(exe.setData(list(enumerate(arrays))), "ExecObj.setData")
             check(self._queues[exec_index].enqueue(exe), "Queue.enqueue")
         except BaseException:
             self._busy[exec_index].release()
             raise
-        return RunHandle(self, exec_index, dims)
+        return RunHandle(self, exec_index, arrays)
 
     def run_with_slices(
         self,
@@ -318,57 +319,68 @@ class QAICInferenceSession:
             if b.dir == Direction.OUT and arr.size and b.name not in slices
         }
 
-    def _complete(self, exec_index: int, dims: list[tuple[int, list[int]]]) -> dict[str, np.ndarray]:
+    def _complete(self, exec_index: int, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
         try:
             exe = self._exec[exec_index]
             status = exe.waitForCompletion()
             if int(status) != QStatus.SUCCESS:
                 raise QaicRuntimeError(
                     f"run failed with status {status_name(status)} ({int(status)}) on {self.devices_text}\n"
-                    + self._shapes_report(dims),
+                    + self._shapes_report(_dims_of(self._bindings, arrays)),
                     status=int(status),
                 )
-            status, out_buffers = exe.getData()
-            check(status, "ExecObj.getData")
         finally:
             self._busy[exec_index].release()
-        outputs: dict[str, np.ndarray] = {}
-        for binding, (_, shape) in zip(self._bindings, dims, strict=True):
-            if binding.dir != Direction.OUT or int(np.prod(shape)) == 0:
-                continue
-            raw = bytes(out_buffers[binding.index])
-            outputs[binding.name] = np.frombuffer(raw, dtype=binding.dtype).reshape(shape).copy()
-        return outputs
+        return {b.name: arrays[b.index] for b in self._outputs if arrays[b.index].size}
 
     def _arrays_for(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """One contiguous array per binding: given, kept (set_buffers) or shaped from the matching specialization."""
-        given = dict(self._buffers)
-        for name, value in inputs.items():
+        """One contiguous array per binding: given, kept (set_buffers) or shaped from the matching specialization.
+
+        Outputs are fresh arrays for the run to fill (a kept output buffer only fixes the shape);
+        a zero-size output is not read back.
+        """
+        for name in inputs:
             if name not in self._index:
                 raise QaicConfigError(
                     f"input {name!r} is not a binding of this program; bindings: {self._names()}"
                 )
-            given[name] = np.asarray(value)
-        missing = [b.name for b in self._bindings if b.dir == Direction.IN and b.name not in given]
+        kept = self._buffers
+        arrays: list[np.ndarray | None] = [None] * len(self._bindings)
+        missing: list[str] = []
+        for b in self._bindings:
+            value = inputs.get(b.name)
+            if value is None:
+                value = kept.get(b.name)
+                if value is None:
+                    if b.dir == Direction.IN:
+                        missing.append(b.name)
+                    continue
+            arr = value
+            if type(arr) is not np.ndarray or arr.dtype != b.dtype or not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr, dtype=b.dtype)
+            arrays[b.index] = arr.reshape(1) if arr.ndim == 0 else arr
         if missing:
             raise QaicConfigError(
                 f"missing input buffers {missing}: pass them to run() or set_buffers(), or skip_buffers() "
                 "for retained-state inputs"
             )
-        arrays: dict[str, np.ndarray] = {}
-        for name, value in given.items():
-            binding = self._bindings[self._index[name]]
-            arr = np.ascontiguousarray(value, dtype=binding.dtype)
-            arrays[name] = arr.reshape(1) if arr.ndim == 0 else arr
-        spec = self._match(arrays)
-        out: list[np.ndarray] = []
-        for binding in self._bindings:
-            if binding.name in arrays:
-                out.append(arrays[binding.name])
+        key = tuple(None if a is None or a.size == 0 else a.shape for a in arrays)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._match(
+                {b.name: a for b, a in zip(self._bindings, arrays, strict=True) if a is not None}
+            )
+            self._specs[key] = spec
+        for b in self._outputs:
+            given = arrays[b.index]
+            if given is not None and given.size == 0:
+                continue
+            if given is not None:
+                dims: Sequence[int] = given.shape
             else:
-                dims = self._allowed_shapes[spec][binding.index][1] if spec >= 0 else list(binding.dims)
-                out.append(np.zeros(dims, binding.dtype))
-        return out
+                dims = self._allowed_shapes[spec][b.index][1] if spec >= 0 else list(b.dims)
+            arrays[b.index] = np.empty(dims, b.dtype)
+        return arrays  # type: ignore[return-value]  # every binding now has an array
 
     def _match(self, arrays: Mapping[str, np.ndarray]) -> int:
         """Index of the first specialization all non-empty buffers fit; a clear error if none does."""
@@ -403,3 +415,7 @@ class QAICInferenceSession:
 
     def _names(self) -> str:
         return ", ".join(b.name for b in self._bindings)
+
+
+def _dims_of(bindings: Sequence[Binding], arrays: Sequence[np.ndarray]) -> list[tuple[int, list[int]]]:
+    return [(b.dtype.itemsize, list(a.shape)) for b, a in zip(bindings, arrays, strict=True)]

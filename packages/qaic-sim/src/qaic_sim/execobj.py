@@ -210,6 +210,11 @@ class ExecObj:
     def submit(self, future: Future[QStatus]) -> None:
         self._future = future
 
+    def execute_inline(self, queue_id: int = 0) -> None:
+        """Run now in the caller's thread; ``waitForCompletion`` then returns the status at once."""
+        self._future = None
+        self.execute(queue_id)
+
     def _fail(self, exc: Failure) -> QStatus:
         self.lastError = exc.message
         log.error("%s", exc.message)

@@ -36,6 +36,9 @@ class SimMachine:
         self.trace = Tracer(self.config.trace_dir)
         self.images = ImageCache()
         self._timing_off_warned = threading.Event()
+        self._busy_lock = threading.Lock()
+        self._busy: dict[int, int] = {}
+        """Runs queued on worker threads or running inline, per QID (``Queue.enqueue`` reads it)."""
 
     @classmethod
     def from_environment(cls) -> SimMachine:
@@ -68,6 +71,24 @@ class SimMachine:
             image.manifest.num_cores,
             pace_as_for(self.config.pace_as, str(image.path)),
         )
+
+    def queued(self, devices: Sequence[SimDevice], delta: int) -> None:
+        """Count a run handed to (``+1``) or finished on (``-1``) a queue's worker thread."""
+        with self._busy_lock:
+            for dev in devices:
+                self._busy[dev.qid] = self._busy.get(dev.qid, 0) + delta
+
+    def run_inline(self, devices: Sequence[SimDevice]) -> bool:
+        """Claim the devices for a run in the caller's thread: True when none of them has a run queued."""
+        with self._busy_lock:
+            if any(self._busy.get(dev.qid, 0) for dev in devices):
+                return False
+            for dev in devices:
+                self._busy[dev.qid] = 1
+            return True
+
+    def end_inline(self, devices: Sequence[SimDevice]) -> None:
+        self.queued(devices, -1)
 
     def slice_transfer_s(self, devices: Sequence[SimDevice], nbytes: int, positions: int) -> float:
         """Host-link time of a run's KV slices (``setDataWithSlices``): their bytes over the SoCs' PCIe.

@@ -83,7 +83,14 @@ class QAicQueueProperties:
 
 
 class Queue:
-    """Runs enqueued exec objects on worker threads, in order per thread."""
+    """Runs enqueued exec objects on worker threads, in order per thread.
+
+    When pacing is off and nothing else is queued on the program's devices, an exec object runs in
+    the caller's thread inside ``enqueue`` (no hand-off to a worker and back): the run's result is
+    the same and ``waitForCompletion`` returns at once. Paced runs, and runs enqueued while another
+    is queued or running on a worker for the same devices, keep the worker threads, so exec objects
+    still overlap as on a card.
+    """
 
     _ids = 0
 
@@ -115,12 +122,32 @@ class Queue:
         return QStatus.SUCCESS
 
     def enqueue(self, exe: ExecObj) -> QStatus:
+        machine = exe.program.machine
+        if not (machine.config.pace or machine.config.pace_as) and machine.run_inline(exe.program.devices):
+            try:
+                exe.execute_inline(self.id)
+            finally:
+                machine.end_inline(exe.program.devices)
+            return QStatus.SUCCESS
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=int(self.props.numThreadsPerQueue), thread_name_prefix=f"qaic-sim-q{self.id}"
                 )
-            exe.submit(self._pool.submit(exe.execute, self.id))
+            devices = list(exe.program.devices)
+            machine.queued(devices, 1)
+
+            def run() -> QStatus:
+                try:
+                    return exe.execute(self.id)
+                finally:  # before the result is set, so a caller woken by it may run inline at once
+                    machine.queued(devices, -1)
+
+            try:
+                exe.submit(self._pool.submit(run))
+            except BaseException:
+                machine.queued(devices, -1)
+                raise
         return QStatus.SUCCESS
 
     def __del__(self) -> None:
