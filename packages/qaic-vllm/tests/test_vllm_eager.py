@@ -120,6 +120,22 @@ def test_steps_mix_prefill_chunks_with_decodes(llm: Any, steps: StepRecorder) ->
     assert max(s.prefill_tokens + s.decode_rows for s in steps.steps) <= 32
 
 
+def test_logprobs_stay_with_their_request_while_others_prefill(llm: Any, hf_logprobs: Any) -> None:
+    from vllm import SamplingParams
+
+    texts = [f"Logprobs {i}: {text}" for i, text in enumerate(TEXTS)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2)
+    outs = llm.generate(texts, params)
+    for ids, out in zip(prompt_ids(llm, texts), outs, strict=True):
+        generated = list(out.outputs[0].token_ids)
+        reference = hf_logprobs([*ids, *generated])
+        for j, token in enumerate(generated):
+            got = out.outputs[0].logprobs[j][token].logprob
+            assert abs(got - float(reference[len(ids) + j - 1, token])) < 1e-3, (j, token)
+
+
+# The tests below start engines of their own; an engine that shuts down takes vLLM's process groups
+# with it, so every test of the module's engine comes before them.
 def counter(llm: Any, name: str) -> float:
     """A vLLM metric summed over its labels (counters are process-wide: compare before and after)."""
     return float(sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics() if m.name == name))
