@@ -409,7 +409,7 @@ class SlotModelRunner:
                 vals[row : row + n, : lp.logprobs.shape[1]] = lp.logprobs[:n]
                 ranks[row : row + n] = lp.sampled_token_ranks[:n]
             row += len(generated)
-        multi = any(len(t) > 1 for t in tokens)
+        multi = any(len(t) != 1 for t in tokens)  # a prefill chunk samples nothing: rows need offsets
         return LogprobsLists(ids, vals, ranks, offsets if multi else None)
 
 
