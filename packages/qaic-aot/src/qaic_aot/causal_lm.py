@@ -1,8 +1,10 @@
 """Drives a compiled causal LM through QEfficient's IO contract: chunked prefill, full-batch decode.
 
 Prefill runs one sequence at a time (batch 1, ``batch_index=[[slot]]``) in chunks of
-``prefill_seq_len`` padded with position -1; decode runs all ``full_batch_size`` rows at once with
-unused rows at position -1. The KV cache never leaves the device: KV inputs and their
+``prefill_seq_len`` padded with position -1, each on the shortest compiled prefill length that
+holds it; a program with a batched prefill also runs up to ``prefill_batch_size`` short chunks of
+different slots in one run. Decode runs all ``full_batch_size`` rows at once with unused rows at
+position -1. The KV cache never leaves the device: KV inputs and their
 ``_RetainedState`` outputs are skipped (zero-size buffers).
 """
 
@@ -62,6 +64,9 @@ class CausalLM:
         if "logits" not in bindings:
             raise QaicConfigError("the program has no 'logits' output: it was not exported as a causal LM")
         self.vocab_size = int(bindings["logits"].dims[-1])
+        self.prefill_lens = settings.prefill_lengths
+        self.prefill_batch_size = settings.prefill_batch_size
+        self.prefill_batch_seq_len = settings.prefill_batch_seq_len or 0
         self._check_kv_geometry(bindings)
         self._check_prefill_shape(session)
         self.decode_exec = DECODE_EXEC
@@ -70,6 +75,9 @@ class CausalLM:
         kv_inputs = [n for n in session.input_names if n.startswith("past_")]
         session.skip_buffers(kv_inputs + retained)
         self.decode_seq_len = settings.decode_seq_len
+        # Index arrays every run reuses (read-only: a run in flight may still be reading them).
+        self._decode_batch_index = _frozen(np.arange(self.full_batch_size, dtype=np.int64).reshape(-1, 1))
+        self._slot_index = [_frozen(np.array([[s]], np.int64)) for s in range(self.full_batch_size)]
         if "num_logits_to_keep" in names:
             # An integer that travels as a shape: logits come back for the last K+1 tokens of each row.
             session.set_buffers({"num_logits_to_keep": np.zeros((self.decode_seq_len, 1), np.int64)})
@@ -99,6 +107,26 @@ class CausalLM:
                 f"the program has no prefill of {self.prefill_seq_len} tokens (input_ids shapes {shapes}): "
                 f"set --prefill-seq-len to one of {chunks} or recompile"
             )
+        if not shapes:
+            return
+        missing = [n for n in self.prefill_lens if [1, n] not in shapes]
+        if self.prefill_batch_seq_len and [self.prefill_batch_size, self.prefill_batch_seq_len] not in shapes:
+            raise QaicConfigError(
+                f"the program has no prefill of {self.prefill_batch_size} x {self.prefill_batch_seq_len} "
+                f"tokens (input_ids shapes {shapes}): set --prefill-batch-size 1 or recompile"
+            )
+        if missing:
+            raise QaicConfigError(
+                f"the program has no prefill of {missing} tokens (input_ids shapes {shapes}): "
+                "leave out --prefill-seq-lens or recompile"
+            )
+
+    def prefill_length(self, num_tokens: int) -> int:
+        """The shortest compiled prefill length that holds ``num_tokens`` tokens."""
+        for n in self.prefill_lens:
+            if num_tokens <= n:
+                return n
+        return self.prefill_seq_len
 
     # -- prefill --------------------------------------------------------------------------
     def check_slot(self, slot: int) -> None:
@@ -127,15 +155,60 @@ class CausalLM:
         if n == 0:
             return LogitsHandle(None, lambda _: None)
         self._check_positions(start_pos + n - 1, f"the prompt ({start_pos + n} tokens)")
-        ids = np.zeros((1, self.prefill_seq_len), np.int64)
+        length = self.prefill_length(n)
+        ids = np.zeros((1, length), np.int64)
         ids[0, :n] = token_ids
-        pos = np.full((1, self.prefill_seq_len), PAD_POSITION, np.int64)
+        pos = np.full((1, length), PAD_POSITION, np.int64)
         pos[0, :n] = np.arange(start_pos, start_pos + n)
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
-            inputs["batch_index"] = np.array([[slot]], np.int64)
+            inputs["batch_index"] = self._slot_index[slot]
         run = self.session.submit(inputs, self.prefill_exec)
         return LogitsHandle(run, lambda out: out["logits"][0, -1])
+
+    def submit_prefill_chunks(self, chunks: Sequence[tuple[int, Sequence[int], int]]) -> LogitsHandle:
+        """Start up to ``prefill_batch_size`` chunks ``(slot, token_ids, start_pos)`` of different slots in
+        one batched prefill run; wait() gives each chunk's last-token logits [vocab] (None if empty).
+
+        Rows beyond the chunks are padding (every position -1: nothing is written to any slot).
+        """
+        rows, width = self.prefill_batch_size, self.prefill_batch_seq_len
+        if not width:
+            raise QaicConfigError(
+                "this program has no batched prefill: compile it with --prefill-batch-size > 1 "
+                "(override_qaic_config prefill_batch_size)"
+            )
+        if len(chunks) > rows:
+            raise QaicConfigError(f"{len(chunks)} chunks in one batched prefill, the program takes {rows}")
+        slots = [slot for slot, _, _ in chunks]
+        if len(set(slots)) != len(slots):
+            raise QaicConfigError(f"a batched prefill needs chunks of different slots, got slots {slots}")
+        ids = np.zeros((rows, width), np.int64)
+        pos = np.full((rows, width), PAD_POSITION, np.int64)
+        batch_index = np.zeros((rows, 1), np.int64)
+        counts = []
+        for row, (slot, tokens, start) in enumerate(chunks):
+            self.check_slot(slot)
+            n = len(tokens)
+            if n > width:
+                raise QaicConfigError(
+                    f"a batched prefill chunk holds at most {width} tokens, got {n}: run it with "
+                    "submit_prefill_chunk"
+                )
+            if n:
+                self._check_positions(start + n - 1, f"the prompt in slot {slot} ({start + n} tokens)")
+                ids[row, :n] = tokens
+                pos[row, :n] = np.arange(start, start + n)
+            batch_index[row, 0] = slot
+            counts.append(n)
+        inputs = {"input_ids": ids, "position_ids": pos, "batch_index": batch_index}
+        run = self.session.submit(inputs, self.prefill_exec)
+
+        def pick(out: dict[str, np.ndarray]) -> list[np.ndarray | None]:
+            logits = out["logits"]
+            return [logits[row, -1] if n else None for row, n in enumerate(counts)]
+
+        return LogitsHandle(run, pick)
 
     def prefill_chunk(self, slot: int, token_ids: Sequence[int], start_pos: int) -> np.ndarray | None:
         """Run one chunk; the logits of its last real token (None for an empty chunk)."""
@@ -162,17 +235,26 @@ class CausalLM:
         fbs = self.full_batch_size
         ids = np.zeros((fbs, 1), np.int64)
         pos = np.full((fbs, 1), PAD_POSITION, np.int64)
-        for slot, (token, position) in rows.items():
-            self.check_slot(slot)
-            self._check_positions(position, f"the sequence in slot {slot}")
-            ids[slot, 0] = token
-            pos[slot, 0] = position
+        slots = list(rows)
+        if slots:
+            index = np.array(slots, np.int64)
+            values = np.array(list(rows.values()), np.int64).reshape(-1, 2)
+            if index.min() < 0 or index.max() >= fbs or values[:, 1].max() >= self.ctx_len:
+                for slot, (_, position) in rows.items():  # the first offender, named
+                    self.check_slot(slot)
+                    self._check_positions(position, f"the sequence in slot {slot}")
+            ids[index, 0] = values[:, 0]
+            pos[index, 0] = values[:, 1]
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
-            inputs["batch_index"] = np.arange(fbs, dtype=np.int64).reshape(fbs, 1)
+            inputs["batch_index"] = self._decode_batch_index
         run = self.session.submit(inputs, self.decode_exec)
-        slots = list(rows)
-        return LogitsHandle(run, lambda out: {s: out["logits"][s, -1] for s in slots})
+
+        def pick(out: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
+            last = out["logits"][:, -1]
+            return {s: last[s] for s in slots}
+
+        return LogitsHandle(run, pick)
 
     def decode(self, rows: Mapping[int, tuple[int, int]]) -> dict[int, np.ndarray]:
         result: dict[int, np.ndarray] = self.submit_decode(rows).wait()
@@ -203,7 +285,7 @@ class CausalLM:
             counts[slot] = n
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
-            inputs["batch_index"] = np.arange(fbs, dtype=np.int64).reshape(fbs, 1)
+            inputs["batch_index"] = self._decode_batch_index
         run = self.session.submit(inputs, self.decode_exec)
         return LogitsHandle(run, lambda out: {s: out["logits"][s, -n:] for s, n in counts.items()})
 
@@ -243,6 +325,11 @@ class CausalLM:
                 for slot, (request, _, position) in list(active.items()):
                     accept(slot, request, int(np.argmax(out[slot])), position + 1)
         return results
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
 
 
 def check_lengths(prompts: Sequence[Sequence[int]], max_new_tokens: int, ctx_len: int) -> None:

@@ -27,6 +27,9 @@ EXPORT_DTYPE = "float32"
 
 COMPILE_INDEPENDENT = frozenset({"device_group"})
 """Settings that choose devices at load time and do not change the compiled program."""
+KEYED_WHEN_SET = {"prefill_seq_lens": [], "prefill_batch_size": 1}
+"""Settings that enter the cache key only when they differ from these defaults (programs compiled
+before they existed keep their key)."""
 
 
 def select_compiler_backend(name: str | DeviceBackend | None) -> DeviceBackend:
@@ -74,7 +77,11 @@ def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict
 
 def compile_params(settings: CompileSettings, backend: DeviceBackend) -> dict[str, Any]:
     """Everything the program depends on besides the ONNX: settings, backend and compiler version."""
-    values = {k: v for k, v in settings.to_dict().items() if k not in COMPILE_INDEPENDENT}
+    values = {
+        k: v
+        for k, v in settings.to_dict().items()
+        if k not in COMPILE_INDEPENDENT and not (k in KEYED_WHEN_SET and v == KEYED_WHEN_SET[k])
+    }
     return {
         "settings": values,
         "backend": backend.name,

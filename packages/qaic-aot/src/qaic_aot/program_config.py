@@ -52,6 +52,8 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
 
     With ``full_batch_size`` the prefill runs one sequence (batch_size 1) and the decode the full
     batch; ``num_speculative_tokens`` K adds a decode of ``seq_len`` K+1 for verifying drafts.
+    ``prefill_seq_lens`` add shorter prefills, and ``prefill_batch_size`` B a prefill of B sequences
+    at the shortest length; they come after the decodes and are named Prefill too.
     Symbols the graph does not use are left out (the compiler rejects unknown symbols).
     """
     s = settings
@@ -74,6 +76,15 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
         k1 = s.num_speculative_tokens + 1
         specs.append(
             Specialization("DecodeSpeculative", {"batch_size": decode_batch, "seq_len": k1, **common})
+        )
+    prefill_batch = 1 if fbs is not None else s.batch_size
+    for length in sorted(set(s.prefill_seq_lens) - {s.prefill_seq_len}, reverse=True):
+        specs.append(Specialization("Prefill", {"batch_size": prefill_batch, "seq_len": length, **common}))
+    if s.prefill_batch_seq_len is not None:
+        specs.append(
+            Specialization(
+                "Prefill", {"batch_size": s.prefill_batch_size, "seq_len": s.prefill_batch_seq_len, **common}
+            )
         )
     if symbols is not None and "num_logits_to_keep" in symbols and s.num_speculative_tokens:
         k1 = s.num_speculative_tokens + 1

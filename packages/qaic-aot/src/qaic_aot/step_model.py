@@ -18,6 +18,7 @@ from qaic_aot.session import QAICInferenceSession
 from qaic_aot.validate import validate_qpc
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import (
+    BATCHED_PREFILL,
     OVERLAP,
     SLOT_KV_TRANSFER,
     SPECULATIVE_VERIFY,
@@ -48,8 +49,13 @@ class AotStepModel:
             ctx_len=lm.ctx_len,
             vocab_size=lm.vocab_size,
             decode_seq_len=lm.decode_seq_len,
+            prefill_seq_lens=lm.prefill_lens,
+            prefill_batch_size=lm.prefill_batch_size,
+            prefill_batch_seq_len=lm.prefill_batch_seq_len,
         )
         caps = set()
+        if lm.prefill_batch_size > 1:
+            caps.add(BATCHED_PREFILL)
         if lm.prefill_exec != lm.decode_exec:
             caps.add(OVERLAP)
         if lm.decode_seq_len > 1:
@@ -77,6 +83,12 @@ class AotStepModel:
         self, slot: int, token_ids: Sequence[int], start_pos: int
     ) -> Pending[np.ndarray | None]:
         handle: LogitsHandle = self.lm.submit_prefill_chunk(slot, token_ids, start_pos)
+        return handle
+
+    def submit_prefill_chunks(
+        self, chunks: Sequence[tuple[int, Sequence[int], int]]
+    ) -> Pending[list[np.ndarray | None]]:
+        handle: LogitsHandle = self.lm.submit_prefill_chunks(chunks)
         return handle
 
     def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[dict[int, np.ndarray]]:

@@ -37,6 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="float16",
         help="model dtype of every run (float16: compiled with -convert-to-fp16, as on a card)",
     )
+    parser.add_argument(
+        "--vs-vllm-cpu",
+        action="store_true",
+        help="also compare with vLLM's own CPU backend (its environment is built once and cached)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     return parser.parse_args(argv)
 
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model = ensure_default_model()
     out = args.out.resolve()
-    report = Runner(settings, out, model, args.dtype).run()
+    report = Runner(settings, out, model, args.dtype, vs_vllm_cpu=args.vs_vllm_cpu).run()
     paths = write_report(report, out)
     print(f"report written to {paths['json']}, {paths['md']} and {paths['png']}")
     problems = validate(report.document())

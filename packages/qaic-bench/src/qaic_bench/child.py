@@ -48,6 +48,18 @@ def _run_job(kind: str, args: dict[str, Any]) -> dict[str, Any]:
         return hf_generate_tok_s(
             Path(args["model"]), args["input_lens"], args["output_len"], args["batch"], args["dtype"]
         )
+    if kind == "load":
+        from qaic_bench.load import paced_load
+
+        return paced_load(
+            Path(args["model"]),
+            ServeShape(**args["shape"]),
+            args["dtype"],
+            args["input_len"],
+            args["output_len"],
+            args["num_prompts"],
+            bool(args["async_scheduling"]),
+        )
     if kind == "spec":
         from qaic_bench.speculative import spec_run
 

@@ -133,6 +133,8 @@ def host_overhead(
             max_model_len=shape.max_model_len,
             long_prefill_token_threshold=shape.prefill_seq_len,
             dtype=dtype,  # type: ignore[arg-type]
+            # One step at a time, so a step's wall time holds its own host work and device runs only.
+            async_scheduling=False,
         )
         engine = llm.llm_engine
         vocab = llm.get_tokenizer().vocab_size

@@ -20,6 +20,8 @@ REPORT_KEYS = (
     "disaggregated",
     "eager",
     "embedding",
+    "device_load",
+    "vs_vllm_cpu",
     "machine",
     "commit",
 )
@@ -44,6 +46,8 @@ TITLES = {
     "disaggregated": "7. Disaggregated prefill and decode (transfer, added TTFT, paced 1P1D vs co-located)",
     "eager": "8. Eager (pyt) mode beside aot, and prefix caching (paced)",
     "embedding": "9. Pooling: embedding throughput against sentence-transformers (unpaced; paced as BGE-large)",
+    "device_load": "10. The device under a paced load: busy fraction and padding waste",
+    "vs_vllm_cpu": "11. vLLM's CPU backend side by side (unpaced, same model and workload)",
 }
 
 
@@ -125,6 +129,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], digits: Sequenc
 
 def _section_lines(report: BenchReport, key: str) -> list[str]:
     value = report.data.get(key)
+    if value is None and key == "vs_vllm_cpu" and key not in report.errors:
+        return ["Not run: add `--vs-vllm-cpu` (`nox -s bench -- --vs-vllm-cpu`)."]
     if value is None:
         return [f"**Not measured:** {report.errors.get(key, 'no result')}"]
     if key == "stack_overhead":
@@ -180,6 +186,26 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
         from qaic_bench import embedding
 
         return embedding.section_lines(value)
+    if key == "device_load":
+        busy, tok_s, waste = value["busy_fraction"], value["tok_s"], value["padding_waste"]
+        lines = _table(
+            ["scheduling", "device busy fraction", "output tok/s"],
+            [[name, busy[name], tok_s[name]] for name in sorted(busy)],
+            digits=(0, 3, 2),
+        )
+        return [
+            *lines,
+            "",
+            *_table(
+                ["padding waste", "computed / needed tokens"],
+                [["prefill", waste.get("prefill")], ["decode", waste.get("decode")]],
+                digits=(0, 3),
+            ),
+        ]
+    if key == "vs_vllm_cpu":
+        from qaic_bench.vllm_cpu import section_lines as vs_lines
+
+        return vs_lines(value)
     if key == "timing_model":
         rows = [[r[k] for k in TIMING_ROW_KEYS] for r in value]
         lines = _table(["card", "model", "precision", "published tok/s", "modelled tok/s", "error %"], rows)

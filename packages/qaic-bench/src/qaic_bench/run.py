@@ -47,8 +47,16 @@ def bench_env(qeff_home: Path, topology: str, pace_as: str | None = None) -> dic
 class Runner:
     """Holds the run's settings, paths and report; each ``part_*`` fills one report key."""
 
-    def __init__(self, settings: BenchSettings, out_dir: Path, model: Path, dtype: str = "float16") -> None:
+    def __init__(
+        self,
+        settings: BenchSettings,
+        out_dir: Path,
+        model: Path,
+        dtype: str = "float16",
+        vs_vllm_cpu: bool = False,
+    ) -> None:
         self.s = settings
+        self.vs_vllm_cpu = vs_vllm_cpu
         self.out = out_dir
         self.work = out_dir / "work"
         self.model = model
@@ -219,6 +227,39 @@ class Runner:
         self.results["speculative_runs"] = runs
         self.report.data["speculative"] = speculative.summarise(runs, self.s.spec_ks)
 
+    def part_device_load(self) -> None:
+        """The serve workload paced in-process, with and without async scheduling: busy fraction, padding."""
+        runs: dict[str, Any] = {}
+        for name, async_scheduling in (("async", True), ("sync", False)):
+            runs[name] = run_in_child(
+                "load",
+                {
+                    "model": str(self.model),
+                    "shape": vars(self.s.serve_shape),
+                    "dtype": self.dtype,
+                    "input_len": self.s.input_len,
+                    "output_len": self.s.output_len,
+                    "num_prompts": self.s.num_prompts,
+                    "async_scheduling": async_scheduling,
+                },
+                {**self.paced_env, "QAIC_ASYNC_SCHEDULING": "1"},
+                self.work / f"load-{name}",
+            )
+            log.info("paced load (%s scheduling): %s", name, runs[name])
+        self.report.data["device_load"] = {
+            "busy_fraction": {name: run["busy_fraction"] for name, run in runs.items()},
+            "tok_s": {name: run["tok_s"] for name, run in runs.items()},
+            "padding_waste": runs["async"]["padding_waste"],
+        }
+
+    def part_vs_vllm_cpu(self) -> None:
+        """vLLM's own CPU backend beside qaic on the simulator, unpaced, at batch 4 and 16."""
+        from qaic_bench import vllm_cpu
+
+        self.report.data["vs_vllm_cpu"] = vllm_cpu.measure(
+            self.model, self.env, self.work / "vs-vllm-cpu", vllm_cpu.CompareSettings.for_bench(self.s)
+        )
+
     def part_disaggregated(self) -> None:
         """KV transfer GB/s, the TTFT a 1P1D adds, and a paced prefill-heavy workload: 1P1D vs co-located."""
         from qaic_bench import disaggregated
@@ -276,7 +317,16 @@ class Runner:
                 "9. pooling: embedding throughput against sentence-transformers",
                 self.part_embedding,
             ),
+            (
+                "device_load",
+                "10. the device under a paced load: busy fraction, padding",
+                self.part_device_load,
+            ),
         ]
+        if self.vs_vllm_cpu:
+            parts.append(
+                ("vs_vllm_cpu", "11. vLLM's CPU backend side by side (unpaced)", self.part_vs_vllm_cpu)
+            )
         for key, title, fn in parts:
             with self.part(key, title):
                 fn()
@@ -290,6 +340,8 @@ class Runner:
             "disaggregated",
             "eager",
             "embedding",
+            "device_load",
+            *(("vs_vllm_cpu",) if self.vs_vllm_cpu else ()),
         ):
             if key not in self.report.data:
                 self.report.errors.setdefault(key, "not measured: an earlier part failed (see the log above)")

@@ -67,6 +67,8 @@ class VllmServer:
     extra_args: Sequence[str] = field(default_factory=tuple)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    command: Sequence[str] = ()
+    """The ``vllm`` command to run (another environment's); this environment's when empty."""
 
     @property
     def base_url(self) -> str:
@@ -75,7 +77,7 @@ class VllmServer:
     def start(self) -> float:
         """Launch the server and wait until /health and /v1/models both answer; the elapsed seconds."""
         cmd = [
-            *vllm_command(),
+            *(self.command or vllm_command()),
             "serve",
             str(self.model),
             "--host",

@@ -18,8 +18,14 @@ log = logging.getLogger("qaic.bench")
 
 def compile_settings(shape: ServeShape, dtype: str) -> CompileSettings:
     """The compile settings ``vllm serve`` derives from these engine arguments (qaic_vllm.config)."""
+    from qaic_vllm.prefill import prefill_shapes
+
+    prefill = min(shape.prefill_seq_len, shape.max_model_len)
+    shapes = prefill_shapes({}, prefill, shape.max_num_seqs, prebuilt=False)
     return CompileSettings(
-        prefill_seq_len=min(shape.prefill_seq_len, shape.max_model_len),
+        prefill_seq_len=prefill,
+        prefill_seq_lens=shapes.seq_lens,  # the plugin's shorter and batched prefills
+        prefill_batch_size=shapes.batch_size,
         ctx_len=shape.max_model_len,
         batch_size=1,
         full_batch_size=shape.max_num_seqs,

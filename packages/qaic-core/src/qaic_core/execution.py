@@ -42,8 +42,12 @@ PAGED_KV = "paged_kv"
 """The model keeps its KV in vLLM's paged block layout (:class:`PagedStepModel`)."""
 PREFIX_CACHING = "prefix_caching"
 """Blocks computed for one request can be reused by another with the same prefix."""
+BATCHED_PREFILL = "batched_prefill"
+"""``submit_prefill_chunks`` runs up to ``prefill_batch_size`` short chunks of different slots at once."""
 
-STEP_CAPABILITIES = frozenset({OVERLAP, SPECULATIVE_VERIFY, SLOT_KV_TRANSFER, PAGED_KV, PREFIX_CACHING})
+STEP_CAPABILITIES = frozenset(
+    {OVERLAP, SPECULATIVE_VERIFY, SLOT_KV_TRANSFER, PAGED_KV, PREFIX_CACHING, BATCHED_PREFILL}
+)
 
 GENERATE = "generate"
 """Task of a causal LM stepped token by token (:class:`StepModel` or :class:`PagedStepModel`)."""
@@ -160,6 +164,20 @@ class StepShape:
     """Width of a logits row."""
     decode_seq_len: int = 1
     """Tokens per row of a decode (``num_speculative_tokens + 1`` for speculative verification)."""
+    prefill_seq_lens: tuple[int, ...] = ()
+    """Every compiled prefill chunk length, ascending (empty: only ``prefill_seq_len``); a chunk
+    runs on the shortest that holds it, so the device computes little padding."""
+    prefill_batch_size: int = 1
+    """Chunks of different slots one ``submit_prefill_chunks`` runs together (``BATCHED_PREFILL``)."""
+    prefill_batch_seq_len: int = 0
+    """Most tokens of a chunk in a batched prefill (0 without ``BATCHED_PREFILL``)."""
+
+    def prefill_length(self, num_tokens: int) -> int:
+        """Tokens the device computes for a chunk of ``num_tokens``: the shortest compiled length that holds it."""
+        for n in self.prefill_seq_lens:
+            if num_tokens <= n:
+                return n
+        return self.prefill_seq_len
 
 
 @dataclass(frozen=True)
@@ -200,6 +218,16 @@ class StepModel(Protocol):
         self, slot: int, token_ids: Sequence[int], start_pos: int
     ) -> Pending[np.ndarray | None]:
         """Start one chunk of at most ``prefill_seq_len`` tokens; the last token's logits (None if empty)."""
+        ...
+
+    def submit_prefill_chunks(
+        self, chunks: Sequence[tuple[int, Sequence[int], int]]
+    ) -> Pending[list[np.ndarray | None]]:
+        """Start up to ``prefill_batch_size`` chunks ``(slot, token_ids, start_pos)`` in one run (``BATCHED_PREFILL``).
+
+        Each chunk holds at most ``prefill_batch_seq_len`` tokens and the slots differ; the result
+        has the last token's logits of each chunk, in order.
+        """
         ...
 
     def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[dict[int, np.ndarray]]:

@@ -23,6 +23,14 @@ class StepRecord:
     """Prompt tokens computed by the step's prefill chunks."""
     running: int
     """Requests the runner held when the step began."""
+    decode_tokens: int = 0
+    """Tokens the decode run was asked for: one per row, plus the drafts a row verifies."""
+    decode_computed: int = 0
+    """Token positions the decode run computed: every slot's, idle rows and unused draft places included."""
+    prefill_computed: int = 0
+    """Token positions the prefill runs computed: each chunk padded to its compiled length."""
+    prefill_runs: int = 0
+    """Prefill runs on the device (a batched prefill of several chunks is one run)."""
 
 
 class Observer:

@@ -45,6 +45,19 @@ def parse_device_ids(value: Any, what: str) -> tuple[int, ...]:
         ) from None
 
 
+def parse_lengths(value: Any, what: str) -> tuple[int, ...]:
+    """Token counts from ``"32,64"``, ``"[32, 64]"``, ``[32, 64]`` or one number; sorted, no repeats."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    parts = value.strip().strip("[]()").split(",") if isinstance(value, str) else value
+    try:
+        return tuple(sorted({int(str(v).strip()) for v in parts if str(v).strip()}))
+    except (TypeError, ValueError):
+        raise QaicConfigError(
+            f"{what} {value!r} is not a list of lengths: write it as '32,64' or [32, 64]"
+        ) from None
+
+
 def vendor_flag(piece: str) -> str | None:
     """One ``key=value`` / ``key`` piece of vllm-qaic's ``compiler_args`` as a qaic-compile flag.
 
@@ -143,6 +156,20 @@ class CompileSettings:
         limit="1 .. `ctx_len`",
         override=False,
         engine_arg="--long-prefill-token-threshold",
+    )
+    prefill_seq_lens: tuple[int, ...] = _setting(
+        (),
+        "shorter prefill chunks compiled besides prefill_seq_len; a chunk runs on the shortest that holds it",
+        parse_lengths,
+        flag="--prefill-seq-lens",
+        limit="each 1 .. `prefill_seq_len`",
+    )
+    prefill_batch_size: int = _setting(
+        1,
+        "prompts prefilled together in one run of the shortest prefill chunk (continuous batching)",
+        parse_int,
+        flag="--prefill-batch-size",
+        limit="1 .. `full_batch_size`",
     )
     ctx_len: int = _setting(
         128,
@@ -264,6 +291,16 @@ class CompileSettings:
     def decode_seq_len(self) -> int:
         return (self.num_speculative_tokens or 0) + 1
 
+    @property
+    def prefill_lengths(self) -> tuple[int, ...]:
+        """Every compiled prefill chunk length, ascending; the last is ``prefill_seq_len``."""
+        return tuple(sorted({*self.prefill_seq_lens, self.prefill_seq_len}))
+
+    @property
+    def prefill_batch_seq_len(self) -> int | None:
+        """Tokens per row of the batched prefill (the shortest chunk), or None without one."""
+        return self.prefill_lengths[0] if self.prefill_batch_size > 1 else None
+
     def validate(self) -> None:
         _positive("prefill_seq_len", self.prefill_seq_len)
         _positive("ctx_len", self.ctx_len)
@@ -274,6 +311,23 @@ class CompileSettings:
             raise QaicConfigError(
                 f"prefill_seq_len ({self.prefill_seq_len}) must not exceed ctx_len ({self.ctx_len}): "
                 f"lower {_flag('prefill_seq_len')} or raise {_flag('ctx_len')}"
+            )
+        for n in self.prefill_seq_lens:
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.prefill_seq_len:
+                raise QaicConfigError(
+                    f"prefill_seq_lens {list(self.prefill_seq_lens)}: each must be 1 .. prefill_seq_len "
+                    f"({self.prefill_seq_len}): fix {_flag('prefill_seq_lens')}"
+                )
+        _positive("prefill_batch_size", self.prefill_batch_size)
+        if self.prefill_batch_size > 1 and self.full_batch_size is None:
+            raise QaicConfigError(
+                f"prefill_batch_size ({self.prefill_batch_size}) needs continuous batching: set "
+                f"{_flag('full_batch_size')} or {_flag('prefill_batch_size')} 1"
+            )
+        if self.full_batch_size is not None and self.prefill_batch_size > self.full_batch_size:
+            raise QaicConfigError(
+                f"prefill_batch_size ({self.prefill_batch_size}) must not exceed full_batch_size "
+                f"({self.full_batch_size}): lower {_flag('prefill_batch_size')}"
             )
         if not 1 <= self.num_cores <= MAX_CORES_PER_SOC:
             raise QaicConfigError(
@@ -323,6 +377,7 @@ class CompileSettings:
         data = dataclasses.asdict(self)
         data["device_group"] = list(self.device_group) if self.device_group is not None else None
         data["compiler_args"] = list(self.compiler_args)
+        data["prefill_seq_lens"] = list(self.prefill_seq_lens)
         return data
 
 

@@ -14,6 +14,7 @@ from qaic_core.errors import QaicConfigError
 from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings
 from qaic_vllm import envs
 from qaic_vllm.overrides import read_overrides
+from qaic_vllm.prefill import prefill_shapes
 from qaic_vllm.sizing import device_cores, fit_shape, group_devices
 
 if TYPE_CHECKING:
@@ -154,6 +155,9 @@ def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> E
     if "device_group" in values and "num_devices" not in values:
         kwargs["num_devices"] = len(values["device_group"])
     kwargs.setdefault("aic_enable_depth_first", True)  # vllm-qaic compiles with depth-first on
+    shapes = prefill_shapes(values, prefill_seq_len, full_batch_size, bool(values.get("qpc_path")))
+    kwargs["prefill_seq_lens"] = shapes.seq_lens
+    kwargs["prefill_batch_size"] = shapes.batch_size
     devices = None
     if "num_cores" not in values:
         devices = group_devices(kwargs.get("device_group"), int(kwargs.get("num_devices", 1)))
@@ -173,7 +177,10 @@ def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> E
     if choose_shape and qpc_path is None:
         if devices is None:
             devices = group_devices(settings.device_group, settings.num_devices)
-        settings = fit_shape(vllm_config, settings, devices, model_dir_of(str(model_config.model)))
+        plain = settings.replace(prefill_seq_lens=(), prefill_batch_size=1)
+        settings = fit_shape(vllm_config, plain, devices, model_dir_of(str(model_config.model)))
+        shapes = prefill_shapes(values, settings.prefill_seq_len, settings.decode_batch_size, False)
+        settings = settings.replace(prefill_seq_lens=shapes.seq_lens, prefill_batch_size=shapes.batch_size)
     return EngineSettings(
         compile=settings, qpc_path=qpc_path, dtype=dtype, execution_path=execution_path_of(vllm_config)
     )

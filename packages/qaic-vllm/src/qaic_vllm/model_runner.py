@@ -15,15 +15,15 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from vllm.v1.outputs import DraftTokenIds, LogprobsLists, ModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, LogprobsLists, ModelRunnerOutput
 
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicRuntimeError
-from qaic_core.execution import OVERLAP, Pending, StepModel
+from qaic_core.execution import BATCHED_PREFILL, OVERLAP, Pending, StepModel
 from qaic_core.observe import StepRecord
 from qaic_vllm.faults import FaultBudget, FaultSettings, QaicFatalError
 from qaic_vllm.runner_output import QaicRunnerOutput
@@ -82,10 +82,14 @@ class SlotModelRunner:
         self.ctx_len = shape.ctx_len
         self.vocab_size = shape.vocab_size
         self.overlap = OVERLAP in model.capabilities
+        self.shape = shape
+        self.prefill_batch = shape.prefill_batch_size if BATCHED_PREFILL in model.capabilities else 1
         self.requests: dict[str, RequestState] = {}
         self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
         self.observers = get_plugin_manager().observers()
         self._pending: tuple[list[str], StepPlan, dict[str, np.ndarray]] | QaicRunnerOutput | None = None
+        self.async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+        self._inflight: InflightStep | None = None
         self.fault_budget = FaultBudget(FaultSettings.from_env())
 
     # -- request bookkeeping ----------------------------------------------------------------
@@ -200,28 +204,64 @@ class SlotModelRunner:
 
         A plain row gives one logits row; a request with drafts gives ``[1 + drafts, vocab]``.
         """
-        logits: dict[str, np.ndarray] = {}
-        decode_handle: Pending[dict[int, np.ndarray]] | None = None
+        return self.launch(plan).finish()
+
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """Start the step's device work; the last run is left in flight (``finish()`` waits for it).
+
+        The decode goes first; with ``overlap`` it stays in flight while the prefill runs go out one
+        after another on the other exec object.
+        """
+        step = LaunchedStep(self, plan)
         if plan.decode:
-            decode_handle = self._submit_decode(plan)
+            step.decode = self._submit_decode(plan)
             if not (self.overlap and plan.prefill):
-                handle, decode_handle = decode_handle, None
-                self._take_decode(plan, handle.wait(), logits)
+                step.take_decode()
+        runs = self.prefill_runs(plan)
         try:
-            for req_id, tokens, start in plan.prefill:
-                row = self.model.submit_prefill_chunk(self.requests[req_id].slot, tokens, start).wait()
-                if row is not None:
-                    logits[req_id] = np.asarray(row)
+            for i, group in enumerate(runs):
+                if len(group) == 1:
+                    req_id, tokens, start = group[0]
+                    handle: Pending[Any] = self.model.submit_prefill_chunk(
+                        self.requests[req_id].slot, tokens, start
+                    )
+                else:
+                    chunks = [(self.requests[r].slot, tokens, start) for r, tokens, start in group]
+                    handle = self.model.submit_prefill_chunks(chunks)
+                step.prefill = (group, handle)
+                if i + 1 < len(runs):
+                    step.take_prefill()
         except BaseException:
-            if decode_handle is not None:  # let the run in flight finish before the device is touched
-                try:
-                    decode_handle.wait()
-                except Exception as exc:
-                    log.debug("the decode in flight failed too: %s", exc)
+            step.drain()
             raise
-        if decode_handle is not None:
-            self._take_decode(plan, decode_handle.wait(), logits)
-        return logits
+        return step
+
+    def prefill_runs(self, plan: StepPlan) -> list[list[tuple[str, list[int], int]]]:
+        """The step's prefill chunks as device runs: short chunks of different requests batched together.
+
+        A chunk is batched when it fits the batched prefill's length and is its request's only chunk
+        in the step (a request's chunks run in order, one at a time); the rest run alone, each on the
+        shortest compiled length that holds it.
+        """
+        if self.prefill_batch < 2 or len(plan.prefill) < 2:
+            return [[chunk] for chunk in plan.prefill]
+        per_request: dict[str, int] = {}
+        for req_id, _, _ in plan.prefill:
+            per_request[req_id] = per_request.get(req_id, 0) + 1
+        width = self.shape.prefill_batch_seq_len
+        runs: list[list[tuple[str, list[int], int]]] = []
+        batch: list[tuple[str, list[int], int]] = []
+        for chunk in plan.prefill:
+            if per_request[chunk[0]] == 1 and len(chunk[1]) <= width:
+                batch.append(chunk)
+                if len(batch) == self.prefill_batch:
+                    runs.append(batch)
+                    batch = []
+            else:
+                runs.append([chunk])
+        if batch:
+            runs.append(batch)
+        return runs
 
     def _take_decode(
         self, plan: StepPlan, rows: Mapping[int, np.ndarray], out: dict[str, np.ndarray]
@@ -233,14 +273,64 @@ class SlotModelRunner:
             out[req_id] = row
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
-        """Run the step; None when structured output needs the grammar first (then ``sample_tokens``)."""
+        """Run the step; None when structured output needs the grammar first (then ``sample_tokens``).
+
+        With asynchronous scheduling the step is only started: it returns None and ``sample_tokens``
+        gives an output that waits for the device when read, so vLLM schedules the next step while
+        the device runs this one. The next ``execute_model`` first finishes this step (its sampled
+        tokens are the next decode's inputs).
+        """
         if not self.observers:
-            return self._execute(so)
+            return self._step(so)
         start = time.perf_counter()
         try:
-            return self._execute(so)
+            return self._step(so)
         finally:
             self.observers.phase("runner", time.perf_counter() - start)
+
+    def _step(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        if not self.async_scheduling:
+            return self._execute(so)
+        fault: QaicRunnerOutput | None = None
+        if self._inflight is not None:
+            previous = self._inflight.resolve()
+            self._inflight = None
+            if isinstance(previous, QaicRunnerOutput) and previous.failed:
+                fault = previous
+        if fault is not None and so.num_scheduled_tokens:
+            # This step was scheduled before the fault was reported, so nothing of it runs: the
+            # requests the fault already covers get no tokens (the scheduler fails or requeues them
+            # with the fault's output); any other goes the same way as they do.
+            req_ids = list(so.num_scheduled_tokens)
+            message = next(iter(fault.failed.values()))
+            failed = QaicRunnerOutput(
+                req_ids=req_ids,
+                sampled_token_ids=[[] for _ in req_ids],
+                failed={r: message for r in req_ids if r not in fault.failed},
+                recompute=fault.recompute,
+            )
+            for req_id in so.finished_req_ids:
+                self._remove(req_id)
+            self._inflight = InflightStep(self, req_ids, StepPlan(), None, failed)
+            return None
+        if not so.num_scheduled_tokens:
+            self.update_states(so)
+            return ModelRunnerOutput(req_ids=[])  # vLLM reads no sampled output for an empty step
+        self._execute_async(so)
+        return None
+
+    def _execute_async(self, so: SchedulerOutput) -> None:
+        self.update_states(so)
+        req_ids = list(so.num_scheduled_tokens)
+        plan = self.plan(so)
+        try:
+            launched: LaunchedStep | None = self.launch(plan)
+        except QaicRuntimeError as exc:
+            self._inflight = InflightStep(self, req_ids, plan, None, self._contain(exc, req_ids))
+            return
+        for req_id, n in so.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed += int(n)
+        self._inflight = InflightStep(self, req_ids, plan, launched, None)
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         self.update_states(so)
@@ -257,8 +347,7 @@ class SlotModelRunner:
                 return None
             return failed
         if self.observers:
-            prefill_tokens = sum(len(tokens) for _, tokens, _ in plan.prefill)
-            self.observers.step(StepRecord(len(plan.decode), prefill_tokens, len(self.requests)))
+            self.observers.step(self._record(plan))
         for req_id, n in so.num_scheduled_tokens.items():
             self.requests[req_id].num_computed += int(n)
         if so.has_structured_output_requests:
@@ -266,8 +355,40 @@ class SlotModelRunner:
             return None
         return self._output(req_ids, plan, logits, None)
 
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
-        """Sample the step ``execute_model`` left pending, under the grammar's token bitmask."""
+    def _record(self, plan: StepPlan) -> StepRecord:
+        """What the step asked of the device, and what the device computed (padding included)."""
+        shape = self.shape
+        prefill_computed = 0
+        for run in self.prefill_runs(plan):
+            if len(run) == 1:
+                prefill_computed += shape.prefill_length(len(run[0][1]))
+            else:
+                prefill_computed += shape.prefill_batch_size * shape.prefill_batch_seq_len
+        decode_tokens = sum(1 + len(plan.verify.get(r, ())) for r in plan.decode_reqs)
+        width = shape.decode_seq_len if plan.verify else 1
+        return StepRecord(
+            decode_rows=len(plan.decode),
+            prefill_tokens=sum(len(tokens) for _, tokens, _ in plan.prefill),
+            running=len(self.requests),
+            decode_tokens=decode_tokens,
+            decode_computed=shape.num_slots * width if plan.decode else 0,
+            prefill_computed=prefill_computed,
+            prefill_runs=len(self.prefill_runs(plan)),
+        )
+
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        """Sample the step ``execute_model`` left pending, under the grammar's token bitmask.
+
+        With asynchronous scheduling: an output that finishes the step when vLLM reads it.
+        """
+        if self.async_scheduling:
+            if self._inflight is None or self._inflight.sampled:
+                raise RuntimeError("sample_tokens() called without a pending execute_model() step")
+            self._inflight.grammar = grammar_output
+            self._inflight.sampled = True
+            return self._inflight
         if self._pending is None:
             raise RuntimeError("sample_tokens() called without a pending execute_model() step")
         pending, self._pending = self._pending, None
@@ -438,3 +559,92 @@ def apply_grammar_bitmask(
         words = bitmask[block * stride + offset, token_ids // 32]
         allowed = ((words >> (token_ids % 32)) & 1).bool()
         logits[row].masked_fill_(~allowed, float("-inf"))
+
+
+class LaunchedStep:
+    """A step's device work in flight: at most a decode and one prefill run not yet waited for."""
+
+    def __init__(self, runner: SlotModelRunner, plan: StepPlan) -> None:
+        self.runner = runner
+        self.plan = plan
+        self.logits: dict[str, np.ndarray] = {}
+        self.decode: Pending[dict[int, np.ndarray]] | None = None
+        self.prefill: tuple[list[tuple[str, list[int], int]], Pending[Any]] | None = None
+
+    def take_decode(self) -> None:
+        handle, self.decode = self.decode, None
+        if handle is not None:
+            self.runner._take_decode(self.plan, handle.wait(), self.logits)
+
+    def take_prefill(self) -> None:
+        pending, self.prefill = self.prefill, None
+        if pending is None:
+            return
+        group, handle = pending
+        result = handle.wait()
+        rows = [result] if len(group) == 1 else result
+        for (req_id, _, _), row in zip(group, rows, strict=True):
+            if row is not None:
+                self.logits[req_id] = np.asarray(row)
+
+    def finish(self) -> dict[str, np.ndarray]:
+        """Wait for what is in flight; the logits of each request that samples."""
+        try:
+            self.take_prefill()
+        except BaseException:
+            self.drain()
+            raise
+        self.take_decode()
+        return self.logits
+
+    def drain(self) -> None:
+        """After a failure: let the runs in flight finish before the device is touched again."""
+        for pending in (self.prefill[1] if self.prefill else None, self.decode):
+            if pending is not None:
+                try:
+                    pending.wait()
+                except Exception as exc:
+                    log.debug("a run in flight failed too: %s", exc)
+        self.prefill = self.decode = None
+
+
+class InflightStep(AsyncModelRunnerOutput):
+    """A step started under asynchronous scheduling; reading its output finishes and samples it."""
+
+    def __init__(
+        self,
+        runner: SlotModelRunner,
+        req_ids: list[str],
+        plan: StepPlan,
+        launched: LaunchedStep | None,
+        output: ModelRunnerOutput | None,
+    ) -> None:
+        self.runner = runner
+        self.req_ids = req_ids
+        self.plan = plan
+        self.launched = launched
+        self.output = output
+        self.grammar: GrammarOutput | None = None
+        self.sampled = False
+
+    def resolve(self) -> ModelRunnerOutput:
+        """Wait for the device, then sample (once); a device fault gives the contained output."""
+        if self.output is not None:
+            return self.output
+        runner = self.runner
+        assert self.plan is not None and self.launched is not None
+        try:
+            logits = self.launched.finish()
+        except QaicRuntimeError as exc:
+            self.output = runner._contain(exc, self.req_ids)
+            return self.output
+        if runner.observers:
+            runner.observers.step(runner._record(self.plan))
+        self.output = runner._output(self.req_ids, self.plan, logits, self.grammar)
+        return self.output
+
+    def get_output(self) -> ModelRunnerOutput:
+        return self.resolve()
+
+    def get_kv_connector_output(self) -> None:
+        return None

@@ -12,7 +12,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 
 from qaic_core import get_plugin_manager
 from qaic_core.descriptors import AttentionBackend, ExecutionPath
-from qaic_core.env import QAIC_VISIBLE_DEVICES
+from qaic_core.env import QAIC_VISIBLE_DEVICES, env_flag
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import PAGED_KV, ExecutionConfig
 from qaic_vllm import envs
@@ -27,6 +27,9 @@ from qaic_vllm.torch_device import neutralise_accelerator
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
+
+ASYNC_SCHEDULING_VAR = "QAIC_ASYNC_SCHEDULING"
+"""Opt-in for vLLM's asynchronous scheduling (``--async-scheduling``) on the aot path."""
 
 log = logging.getLogger("qaic.vllm")
 
@@ -206,8 +209,17 @@ class QaicPlatform(Platform):
         sched = vllm_config.scheduler_config
         sched.scheduler_cls = SCHEDULER_CLS
         if sched.async_scheduling:
-            log.info("qaic: async scheduling is not supported; turning it off")
-        sched.async_scheduling = False
+            # The next step is scheduled while the device runs this one (the runner starts a step in
+            # execute_model and finishes it when vLLM reads the output). Not with a proposer that
+            # drafts from the sampled tokens, nor with a KV connector that reports per step.
+            blocker = "speculative decoding" if spec else None
+            if getattr(vllm_config, "kv_transfer_config", None) is not None:
+                blocker = "a KV connector"
+            if not env_flag(ASYNC_SCHEDULING_VAR, False):
+                blocker = f"{ASYNC_SCHEDULING_VAR} unset (set it to 1 to schedule ahead of the device)"
+            if blocker:
+                log.info("qaic: async scheduling is not supported with %s; turning it off", blocker)
+                sched.async_scheduling = False
         sched.enable_chunked_prefill = True
         sched.long_prefill_token_threshold = prefill
         sched.max_num_batched_tokens = max(int(sched.max_num_batched_tokens), decode_tokens + prefill)

@@ -1,8 +1,10 @@
-"""vLLM's scheduler shaped for a static-shape device: one prefill chunk per step beside all decodes.
+"""vLLM's scheduler shaped for a static-shape device: prefill chunks of one token budget beside all decodes.
 
-Each step schedules every running decode (one full-batch decode run on the device) and at most one
-prefill chunk of ``prefill_seq_len`` tokens, so a long new prompt is fed in chunks between decode
-steps instead of freezing the running streams. When observers are registered (the
+Each step schedules every running decode (one full-batch decode run on the device) and prefill
+chunks of at most ``prefill_seq_len`` tokens in all, so a long new prompt is fed in chunks between
+decode steps instead of freezing the running streams. One prompt is in prefill at a time, except
+that a burst of short prompts (each fitting the batched prefill's length) starts together, up to
+the batched prefill's rows, when the program has one. When observers are registered (the
 ``qaic_observers`` hook), each ``schedule()`` reports its time as the ``schedule`` phase.
 """
 
@@ -20,17 +22,21 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from qaic_core import get_plugin_manager
+from qaic_vllm.prefill import engine_prefill_shapes
 from qaic_vllm.runner_output import QaicRunnerOutput
 
 log = logging.getLogger("qaic.vllm.scheduler")
 
 
 class QaicScheduler(Scheduler):
-    """At most one request in prefill at a time, at most ``prefill_seq_len`` of its tokens per step."""
+    """At most ``prefill_seq_len`` prefill tokens per step; one prompt at a time unless several short ones fit."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.observers = get_plugin_manager().observers()
+        shapes = engine_prefill_shapes(self.vllm_config)
+        self.prefill_batch = shapes.batch_size
+        self.prefill_batch_seq_len = shapes.batch_seq_len
 
     def _prefill_seq_len(self) -> int:
         return int(self.scheduler_config.long_prefill_token_threshold) or int(self.max_model_len)
@@ -56,8 +62,8 @@ class QaicScheduler(Scheduler):
                 decode_tokens += 1 + len(request.spec_token_ids)  # drafts are verified in the same row
         saved_active = self.max_num_active_reqs
         saved_budget = self.max_num_scheduled_tokens
-        # One prefill at a time: admit a waiting request only when nobody is in prefill.
-        limit = len(self.running) if prefilling else len(self.running) + 1
+        # One prefill at a time (or a batch of short ones): admit only when nobody is in prefill.
+        limit = len(self.running) if prefilling else len(self.running) + self._admissible()
         self.max_num_active_reqs = min(saved_active, limit)
         # Budget: one token (and its drafts) per decode plus one prefill chunk.
         self.max_num_scheduled_tokens = min(saved_budget, decode_tokens + prefill_seq_len)
@@ -66,6 +72,20 @@ class QaicScheduler(Scheduler):
         finally:
             self.max_num_active_reqs = saved_active
             self.max_num_scheduled_tokens = saved_budget
+
+    def _admissible(self) -> int:
+        """Waiting requests one step may start: one, or up to the batched prefill's rows of short prompts."""
+        if self.prefill_batch < 2:
+            return 1
+        count = 0
+        for queue in (self.kv_holding_waiting, self.waiting):
+            for request in queue:
+                if request.num_tokens - request.num_computed_tokens > self.prefill_batch_seq_len:
+                    return max(count, 1)
+                count += 1
+                if count == self.prefill_batch:
+                    return count
+        return max(count, 1)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput

@@ -270,13 +270,13 @@ ENV_VARS: dict[str, VendorKey] = {
             "VLLM_QAIC_PREFILL_QUEUE_LEN",
             "prefill exec objects in flight",
             NO_EFFECT,
-            "one prefill chunk is in flight at a time",
+            "one prefill run is in flight at a time; short prompts share a batched prefill run",
         ),
         VendorKey(
             "VLLM_QAIC_ASYNC_SCHEDULING_EXEC_TIMEOUT",
             "async scheduling wait",
             NO_EFFECT,
-            "async scheduling is off",
+            "a step waits for its device runs without a timeout of its own (dataPathTimeoutMs applies)",
         ),
         VendorKey(
             "VLLM_QAIC_USE_LEGACY_SLICING_SPEC",
@@ -339,7 +339,13 @@ ENGINE_ARGS: dict[str, VendorKey] = {
         VendorKey(
             "--enforce-eager", "required for PYT; no effect in AOT", NO_EFFECT, "always eager on the host"
         ),
-        VendorKey("--async-scheduling", "AOT supports it", NO_EFFECT, "served synchronously"),
+        VendorKey(
+            "--async-scheduling",
+            "AOT supports it",
+            NO_EFFECT,
+            "served synchronously unless QAIC_ASYNC_SCHEDULING=1 (then the next step is scheduled while "
+            "the device runs this one)",
+        ),
         VendorKey("--speculative-config", "ngram, suffix, draft_model", HONOURED, "speculative decoding"),
         VendorKey(
             "--runner",

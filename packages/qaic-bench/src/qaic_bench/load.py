@@ -1,0 +1,94 @@
+"""Part 10: the device under a paced load: how busy it is, and how much of its work is padding.
+
+Method: vLLM's engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), paced as the
+report's pacing model, and generates the serve workload (same prompt and output lengths, requests
+and batch) once with asynchronous scheduling and once without. The device's modelled busy time
+comes from the runtime's performance counters (``Util.getPerformanceInfo``: ``deviceTimeS`` summed
+over the QIDs) before and after; ``busy_fraction`` is that time over the wall time of the
+generation. Padding waste comes from the runner's step records (the ``qaic_observers`` hook):
+token positions the device computed over the tokens the requests needed, for prefill (chunks
+padded to their compiled length, a batched prefill's empty rows) and decode (every KV slot of a
+full-batch decode, busy or not) separately; 1.0 means no padding.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from qaic_bench.eager import device_seconds
+from qaic_bench.host import observing
+from qaic_bench.server import ServeShape
+from qaic_bench.stack import random_prompts
+from qaic_core.observe import Observer, StepRecord
+
+
+class StepTotals(Observer):
+    """Sums the runner's step records."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepRecord] = []
+
+    def step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+    def waste(self) -> dict[str, float | None]:
+        prefill_needed = sum(s.prefill_tokens for s in self.steps)
+        decode_needed = sum(s.decode_tokens for s in self.steps)
+        return {
+            "prefill": round(sum(s.prefill_computed for s in self.steps) / prefill_needed, 3)
+            if prefill_needed
+            else None,
+            "decode": round(sum(s.decode_computed for s in self.steps) / decode_needed, 3)
+            if decode_needed
+            else None,
+        }
+
+
+def paced_load(
+    model_dir: Path,
+    shape: ServeShape,
+    dtype: str,
+    input_len: int,
+    output_len: int,
+    num_prompts: int,
+    async_scheduling: bool,
+) -> dict[str, Any]:
+    """One paced generation of the workload; output tok/s, the device's busy fraction and padding waste."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    totals = StepTotals()
+    with observing(totals, name="qaic-bench-load"):
+        llm = LLM(
+            model=str(model_dir),
+            max_num_seqs=shape.max_num_seqs,
+            max_model_len=shape.max_model_len,
+            long_prefill_token_threshold=shape.prefill_seq_len,
+            dtype=dtype,  # type: ignore[arg-type]
+            async_scheduling=async_scheduling,
+            seed=0,
+        )
+        vocab = llm.get_tokenizer().vocab_size
+        params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+        warm = random_prompts([input_len] * shape.max_num_seqs, vocab, seed=99)
+        llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)  # type: ignore[arg-type]
+        prompts = [{"prompt_token_ids": p} for p in random_prompts([input_len] * num_prompts, vocab, seed=1)]
+        totals.steps.clear()
+        device0 = device_seconds()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
+        wall = time.perf_counter() - t0
+        device = device_seconds() - device0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {
+        "async_scheduling": async_scheduling,
+        "tok_s": round(tokens / wall, 2),
+        "wall_s": round(wall, 3),
+        "device_s": round(device, 3),
+        "busy_fraction": round(device / wall, 3) if wall > 0 else None,
+        "padding_waste": totals.waste(),
+        "steps": len(totals.steps),
+    }
