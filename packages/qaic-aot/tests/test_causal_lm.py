@@ -121,12 +121,54 @@ def test_too_long_prompts_name_ctx_len(lm: CausalLM) -> None:
         lm.decode({2: (5, 0)})
 
 
-def test_speculative_decode_returns_one_logits_row_per_token(
-    tiny_llama: Path, hf: Any, prompts: list[list[int]], tmp_path: Path
+SPEC_SETTINGS = SETTINGS.replace(num_speculative_tokens=2)
+
+
+@pytest.fixture(scope="module")
+def spec_qpc(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A speculative target program (K = 2)."""
+    return compile_model(tiny_llama, SPEC_SETTINGS, qeff_home=tmp_path_factory.mktemp("qeff"), progress=False)
+
+
+def test_speculative_target_program_has_qefficients_layout(
+    spec_qpc: Path, hf: Any, prompts: list[list[int]]
 ) -> None:
-    settings = SETTINGS.replace(num_speculative_tokens=2)
-    qpc = compile_model(tiny_llama, settings, qeff_home=tmp_path, progress=False)
-    session = QAICInferenceSession(qpc)
+    """QEfficient's TLM layout: a prefill keeping one logits row, a decode of K+1 tokens keeping K+1."""
+    from qaic_core import qpc as layout
+
+    specs = layout.read_specializations(spec_qpc / layout.SPECIALIZATIONS_FILE)
+    assert [(s.name, s.symbols) for s in specs] == [
+        ("Prefill", {"batch_size": 1, "seq_len": 8, "ctx_len": 64, "num_logits_to_keep": 1, "full_batch_size": 2}),
+        ("Decode", {"batch_size": 2, "seq_len": 3, "ctx_len": 64, "num_logits_to_keep": 3, "full_batch_size": 2}),
+    ]  # fmt: skip
+    session = QAICInferenceSession(spec_qpc / "qpc")
+    try:
+        session.skip_buffers([n for n in session.input_names + session.output_names if n.startswith("past_")])
+        prompt = prompts[0][:8]
+        ids = np.zeros((1, 8), np.int64)
+        pos = np.full((1, 8), -1, np.int64)
+        ids[0, : len(prompt)] = prompt
+        pos[0, : len(prompt)] = np.arange(len(prompt))
+        out = session.run(
+            {"input_ids": ids, "position_ids": pos, "batch_index": np.array([[0]], np.int64),
+             "num_logits_to_keep": np.zeros((1, 1), np.int64)}
+        )  # fmt: skip
+        assert out["logits"].shape == (1, 1, 320)  # one logits row: the last real token's
+        np.testing.assert_allclose(out["logits"][0, 0], _hf_last_logits(hf, prompt), atol=1e-4)
+        with pytest.raises(Exception, match="No matching dimension"):  # the prefill keeps no K+1 rows
+            session.run(
+                {"input_ids": ids, "position_ids": pos, "batch_index": np.array([[0]], np.int64),
+                 "num_logits_to_keep": np.zeros((3, 1), np.int64)}
+            )  # fmt: skip
+    finally:
+        session.deactivate()
+
+
+def test_speculative_decode_returns_one_logits_row_per_token(
+    spec_qpc: Path, hf: Any, prompts: list[list[int]]
+) -> None:
+    settings = SPEC_SETTINGS
+    session = QAICInferenceSession(spec_qpc)
     try:
         spec = CausalLM(session, settings)
         a, b = prompts[0], prompts[2]

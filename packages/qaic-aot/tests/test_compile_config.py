@@ -44,8 +44,24 @@ def test_fixed_batch_and_speculative_specializations() -> None:
     spec = program_config.specializations(
         CompileSettings(prefill_seq_len=16, ctx_len=64, full_batch_size=4, num_speculative_tokens=3), SYMBOLS
     )
-    assert [s.symbols["seq_len"] for s in spec] == [16, 1, 4]
-    assert [s.symbols["batch_size"] for s in spec] == [1, 4, 4]
+    # QEfficient's speculative target layout: the prefill and a K+1-token decode, no one-token decode.
+    assert [s.symbols["seq_len"] for s in spec] == [16, 4]
+    assert [s.symbols["batch_size"] for s in spec] == [1, 4]
+
+
+def test_speculative_target_specializations_are_qefficients_tlm_layout() -> None:
+    """build_prefill_specialization / build_decode_specialization with is_tlm, num_speculative_tokens 3."""
+    symbols = SYMBOLS | {"num_logits_to_keep"}
+    cb = CompileSettings(prefill_seq_len=16, ctx_len=64, full_batch_size=4, num_speculative_tokens=3)
+    assert [(s.name, s.symbols) for s in program_config.specializations(cb, symbols)] == [
+        ("Prefill", {"batch_size": 1, "seq_len": 16, "ctx_len": 64, "num_logits_to_keep": 1, "full_batch_size": 4}),
+        ("Decode", {"batch_size": 4, "seq_len": 4, "ctx_len": 64, "num_logits_to_keep": 4, "full_batch_size": 4}),
+    ]  # fmt: skip
+    fixed = CompileSettings(prefill_seq_len=16, ctx_len=64, batch_size=2, num_speculative_tokens=3)
+    assert [(s.name, s.symbols) for s in program_config.specializations(fixed, symbols)] == [
+        ("Prefill", {"batch_size": 2, "seq_len": 16, "ctx_len": 64, "num_logits_to_keep": 1}),
+        ("Decode", {"batch_size": 2, "seq_len": 4, "ctx_len": 64, "num_logits_to_keep": 4}),
+    ]
 
 
 def test_symbols_the_graph_lacks_are_left_out() -> None:

@@ -78,9 +78,16 @@ class CausalLM:
         # Index arrays every run reuses (read-only: a run in flight may still be reading them).
         self._decode_batch_index = _frozen(np.arange(self.full_batch_size, dtype=np.int64).reshape(-1, 1))
         self._slot_index = [_frozen(np.array([[s]], np.int64)) for s in range(self.full_batch_size)]
-        if "num_logits_to_keep" in names:
-            # An integer that travels as a shape: logits come back for the last K+1 tokens of each row.
-            session.set_buffers({"num_logits_to_keep": np.zeros((self.decode_seq_len, 1), np.int64)})
+        # num_logits_to_keep: an integer that travels as a shape; logits come back for that many tokens
+        # of each row, up to its last real one. QEfficient's speculative target layout keeps 1 in a
+        # prefill and K+1 in the decode; the shapes are read off the program where it lists them.
+        self._keep_by_shape: dict[tuple[int, int], np.ndarray] = {}
+        self._keeps_logits = "num_logits_to_keep" in names
+        if self._keeps_logits:
+            self._keep_by_shape = _keep_shapes(session)
+            self._keep_prefill = _frozen(np.zeros((1, 1), np.int64))
+            self._keep_decode = _frozen(np.zeros((self.decode_seq_len, 1), np.int64))
+            session.set_buffers({"num_logits_to_keep": self._keep_decode})  # for callers' own decodes
 
     def _check_kv_geometry(self, bindings: Mapping[str, Any]) -> None:
         kv = bindings.get("past_key.0")
@@ -120,6 +127,14 @@ class CausalLM:
                 f"the program has no prefill of {missing} tokens (input_ids shapes {shapes}): "
                 "leave out --prefill-seq-lens or recompile"
             )
+
+    def _with_keep(self, inputs: dict[str, np.ndarray], decode: bool) -> dict[str, np.ndarray]:
+        """Add the run's ``num_logits_to_keep``: K+1 rows for a decode, 1 for a prefill."""
+        if self._keeps_logits:
+            rows, width = inputs["input_ids"].shape
+            default = self._keep_decode if decode else self._keep_prefill
+            inputs["num_logits_to_keep"] = self._keep_by_shape.get((rows, width), default)
+        return inputs
 
     def prefill_length(self, num_tokens: int) -> int:
         """The shortest compiled prefill length that holds ``num_tokens`` tokens."""
@@ -163,7 +178,7 @@ class CausalLM:
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._slot_index[slot]
-        run = self.session.submit(inputs, self.prefill_exec)
+        run = self.session.submit(self._with_keep(inputs, decode=False), self.prefill_exec)
         return LogitsHandle(run, lambda out: out["logits"][0, -1])
 
     def submit_prefill_chunks(self, chunks: Sequence[tuple[int, Sequence[int], int]]) -> LogitsHandle:
@@ -202,7 +217,7 @@ class CausalLM:
             batch_index[row, 0] = slot
             counts.append(n)
         inputs = {"input_ids": ids, "position_ids": pos, "batch_index": batch_index}
-        run = self.session.submit(inputs, self.prefill_exec)
+        run = self.session.submit(self._with_keep(inputs, decode=False), self.prefill_exec)
 
         def pick(out: dict[str, np.ndarray]) -> list[np.ndarray | None]:
             logits = out["logits"]
@@ -231,10 +246,14 @@ class CausalLM:
 
     # -- decode ---------------------------------------------------------------------------
     def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> LogitsHandle:
-        """Start one full-batch decode; rows maps slot -> (token_id, position); wait() gives slot -> logits."""
+        """Start one full-batch decode; rows maps slot -> (token_id, position); wait() gives slot -> logits.
+
+        A speculative target program has only the K+1-token decode: each token goes in its row's first
+        column and the rest is padding (position -1).
+        """
         fbs = self.full_batch_size
-        ids = np.zeros((fbs, 1), np.int64)
-        pos = np.full((fbs, 1), PAD_POSITION, np.int64)
+        ids = np.zeros((fbs, self.decode_seq_len), np.int64)
+        pos = np.full((fbs, self.decode_seq_len), PAD_POSITION, np.int64)
         slots = list(rows)
         if slots:
             index = np.array(slots, np.int64)
@@ -248,7 +267,7 @@ class CausalLM:
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._decode_batch_index
-        run = self.session.submit(inputs, self.decode_exec)
+        run = self.session.submit(self._with_keep(inputs, decode=True), self.decode_exec)
 
         def pick(out: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
             last = out["logits"][:, -1]
@@ -286,7 +305,7 @@ class CausalLM:
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._decode_batch_index
-        run = self.session.submit(inputs, self.decode_exec)
+        run = self.session.submit(self._with_keep(inputs, decode=True), self.decode_exec)
         return LogitsHandle(run, lambda out: {s: out["logits"][s, -n:] for s, n in counts.items()})
 
     def decode_tokens(self, rows: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
@@ -325,6 +344,18 @@ class CausalLM:
                 for slot, (request, _, position) in list(active.items()):
                     accept(slot, request, int(np.argmax(out[slot])), position + 1)
         return results
+
+
+def _keep_shapes(session: QAICInferenceSession) -> dict[tuple[int, int], np.ndarray]:
+    """``input_ids`` shape -> the ``num_logits_to_keep`` buffer its specialization takes."""
+    index = session.binding_index_map
+    keep: dict[tuple[int, int], np.ndarray] = {}
+    for shape in session.allowed_shapes:
+        ids = shape[index["input_ids"]][1]
+        dims = shape[index["num_logits_to_keep"]][1]
+        if len(ids) == 2 and dims:
+            keep.setdefault((int(ids[0]), int(ids[1])), _frozen(np.zeros(tuple(dims), np.int64)))
+    return keep
 
 
 def _frozen(arr: np.ndarray) -> np.ndarray:

@@ -25,6 +25,9 @@ PIPELINE_VERSION = 1
 
 EXPORT_DTYPE = "float32"
 
+SPECULATIVE_LAYOUT = "qefficient-tlm"
+"""The specializations of a speculative target program: QEfficient's TLM layout."""
+
 COMPILE_INDEPENDENT = frozenset({"device_group"})
 """Settings that choose devices at load time and do not change the compiled program."""
 KEYED_WHEN_SET = {"prefill_seq_lens": [], "prefill_batch_size": 1}
@@ -82,12 +85,17 @@ def compile_params(settings: CompileSettings, backend: DeviceBackend) -> dict[st
         for k, v in settings.to_dict().items()
         if k not in COMPILE_INDEPENDENT and not (k in KEYED_WHEN_SET and v == KEYED_WHEN_SET[k])
     }
-    return {
+    params: dict[str, Any] = {
         "settings": values,
         "backend": backend.name,
         "compiler": f"{backend.package} {_version(backend.package)}",
         "pipeline_version": PIPELINE_VERSION,
     }
+    if settings.num_speculative_tokens:
+        # QEfficient's target layout (a one-logit prefill, no one-token decode) replaced ours, whose
+        # cached programs are not reused.
+        params["speculative_layout"] = SPECULATIVE_LAYOUT
+    return params
 
 
 def compile_model(

@@ -244,16 +244,16 @@ def _activations(dims: ModelDims, s: CompileSettings) -> int:
     decode_rows = s.full_batch_size or s.batch_size
     prefill_rows = 1 if continuous else s.batch_size
     k1 = s.decode_seq_len
-    runs = [(prefill_rows, s.prefill_seq_len, 1), (decode_rows, 1, 1)]
-    if k1 > 1:
-        runs.append((decode_rows, k1, k1))
+    # A speculative target (QEfficient's TLM layout) decodes K+1 tokens keeping K+1 logits per row;
+    # its prefill keeps one.
+    runs = [(prefill_rows, s.prefill_seq_len, 1), (decode_rows, k1, k1)]
     best = 0
     for rows, seq, logits in runs:
         io = 2 * rows * seq * INT64 + rows * logits * dims.vocab_size * LOGITS_BYTES
         if continuous:
             io += rows * INT64
         if k1 > 1:
-            io += k1 * INT64  # num_logits_to_keep
+            io += logits * INT64  # num_logits_to_keep
         best = max(best, io)
     return 2 * best
 

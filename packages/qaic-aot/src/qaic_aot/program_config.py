@@ -51,44 +51,37 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
     """QEfficient's specializations: continuous-batching Prefill/Decode, or the fixed-batch pair.
 
     With ``full_batch_size`` the prefill runs one sequence (batch_size 1) and the decode the full
-    batch; ``num_speculative_tokens`` K adds a decode of ``seq_len`` K+1 for verifying drafts.
-    ``prefill_seq_lens`` add shorter prefills, and ``prefill_batch_size`` B a prefill of B sequences
-    at the shortest length; they come after the decodes and are named Prefill too.
-    Symbols the graph does not use are left out (the compiler rejects unknown symbols).
+    batch. ``num_speculative_tokens`` K makes it QEfficient's speculative target (TLM) layout: the
+    decode has ``seq_len`` K+1 and ``num_logits_to_keep`` K+1 (one logits row per token), every
+    prefill ``num_logits_to_keep`` 1; there is no one-token decode (a single token runs on the K+1
+    decode, padded with position -1). ``prefill_seq_lens`` add shorter prefills, and
+    ``prefill_batch_size`` B a prefill of B sequences at the shortest length; they come after the
+    decodes and are named Prefill too. Symbols the graph does not use are left out (the compiler
+    rejects unknown symbols).
     """
     s = settings
     fbs = s.full_batch_size
-    specs: list[Specialization] = []
-    if fbs is not None:
-        common = {"ctx_len": s.ctx_len, "full_batch_size": fbs}
-        specs.append(Specialization("Prefill", {"batch_size": 1, "seq_len": s.prefill_seq_len, **common}))
-        specs.append(Specialization("Decode", {"batch_size": fbs, "seq_len": 1, **common}))
-        decode_batch = fbs
-    else:
-        common = {"ctx_len": s.ctx_len}
-        specs.append(
-            Specialization("Prefill", {"batch_size": s.batch_size, "seq_len": s.prefill_seq_len, **common})
-        )
-        if s.prefill_seq_len != 1:
-            specs.append(Specialization("Decode", {"batch_size": s.batch_size, "seq_len": 1, **common}))
-        decode_batch = s.batch_size
-    if s.num_speculative_tokens:
-        k1 = s.num_speculative_tokens + 1
-        specs.append(
-            Specialization("DecodeSpeculative", {"batch_size": decode_batch, "seq_len": k1, **common})
-        )
+    tlm = bool(s.num_speculative_tokens)
+    decode_len = s.decode_seq_len
     prefill_batch = 1 if fbs is not None else s.batch_size
+    decode_batch = fbs if fbs is not None else s.batch_size
+
+    def spec(name: str, batch: int, seq_len: int, logits: int) -> Specialization:
+        # QEfficient's key order: batch_size, seq_len, ctx_len, num_logits_to_keep, full_batch_size.
+        values: dict[str, int] = {"batch_size": batch, "seq_len": seq_len, "ctx_len": s.ctx_len}
+        if tlm:
+            values["num_logits_to_keep"] = logits
+        if fbs is not None:
+            values["full_batch_size"] = fbs
+        return Specialization(name, values)
+
+    specs = [spec("Prefill", prefill_batch, s.prefill_seq_len, 1)]
+    if fbs is not None or tlm or s.prefill_seq_len != 1:
+        specs.append(spec("Decode", decode_batch, decode_len, decode_len))
     for length in sorted(set(s.prefill_seq_lens) - {s.prefill_seq_len}, reverse=True):
-        specs.append(Specialization("Prefill", {"batch_size": prefill_batch, "seq_len": length, **common}))
+        specs.append(spec("Prefill", prefill_batch, length, 1))
     if s.prefill_batch_seq_len is not None:
-        specs.append(
-            Specialization(
-                "Prefill", {"batch_size": s.prefill_batch_size, "seq_len": s.prefill_batch_seq_len, **common}
-            )
-        )
-    if symbols is not None and "num_logits_to_keep" in symbols and s.num_speculative_tokens:
-        k1 = s.num_speculative_tokens + 1
-        specs = [Specialization(sp.name, {**sp.symbols, "num_logits_to_keep": k1}) for sp in specs]
+        specs.append(spec("Prefill", s.prefill_batch_size, s.prefill_batch_seq_len, 1))
     if symbols is not None:
         specs = [
             Specialization(sp.name, {k: v for k, v in sp.symbols.items() if k in symbols}) for sp in specs
