@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 
 from qaic_aot.session import QAICInferenceSession, RunHandle
+from qaic_core import ccl
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import CompileSettings
 
 log = logging.getLogger("qaic.aot.causal_lm")
 
 PAD_POSITION = -1
+COMP_CTX_LENGTHS = "comp_ctx_lengths"
 DECODE_EXEC = 0
 PREFILL_EXEC = 1
 
@@ -88,6 +90,15 @@ class CausalLM:
             self._keep_prefill = _frozen(np.zeros((1, 1), np.int64))
             self._keep_decode = _frozen(np.zeros((self.decode_seq_len, 1), np.int64))
             session.set_buffers({"num_logits_to_keep": self._keep_decode})  # for callers' own decodes
+        # comp_ctx_lengths: the compute-context length, an integer that travels as the length of an
+        # array; each shape's lengths are read off the program.
+        self._ccl_by_shape: dict[tuple[int, int], tuple[int, ...]] = {}
+        if COMP_CTX_LENGTHS in names:
+            self._ccl_by_shape = _ccl_shapes(session)
+            self._all_ccls = tuple(sorted({c for cs in self._ccl_by_shape.values() for c in cs}))
+            self._ccl_arrays = {c: _frozen(np.zeros(c, np.int64)) for c in self._all_ccls}
+            longest = self._ccl_by_shape.get((self.full_batch_size, self.decode_seq_len), self._all_ccls)[-1]
+            session.set_buffers({COMP_CTX_LENGTHS: self._ccl_arrays[longest]})  # for callers' own decodes
 
     def _check_kv_geometry(self, bindings: Mapping[str, Any]) -> None:
         kv = bindings.get("past_key.0")
@@ -128,13 +139,26 @@ class CausalLM:
                 "leave out --prefill-seq-lens or recompile"
             )
 
-    def _with_keep(self, inputs: dict[str, np.ndarray], decode: bool) -> dict[str, np.ndarray]:
-        """Add the run's ``num_logits_to_keep``: K+1 rows for a decode, 1 for a prefill."""
-        if self._keeps_logits:
+    def _complete(self, inputs: dict[str, np.ndarray], decode: bool) -> dict[str, np.ndarray]:
+        """Add the run's ``num_logits_to_keep`` (K+1 rows for a decode, 1 for a prefill) and its
+        compute-context length: the shortest of its specialization's that holds the furthest position."""
+        if self._keeps_logits or self._ccl_by_shape:
             rows, width = inputs["input_ids"].shape
-            default = self._keep_decode if decode else self._keep_prefill
-            inputs["num_logits_to_keep"] = self._keep_by_shape.get((rows, width), default)
+            if self._keeps_logits:
+                default = self._keep_decode if decode else self._keep_prefill
+                inputs["num_logits_to_keep"] = self._keep_by_shape.get((rows, width), default)
+            if self._ccl_by_shape:
+                lengths = self._ccl_by_shape.get((rows, width), self._all_ccls)
+                length = ccl.covering(lengths, int(inputs["position_ids"].max()))
+                inputs[COMP_CTX_LENGTHS] = self._ccl_arrays[length]
         return inputs
+
+    def compute_context_length(self, rows: int, width: int, last_position: int) -> int | None:
+        """The compute-context length a run of ``rows`` x ``width`` tokens reaching ``last_position``
+        takes (None for a program without compute-context lengths)."""
+        if not self._ccl_by_shape:
+            return None
+        return ccl.covering(self._ccl_by_shape.get((rows, width), self._all_ccls), last_position)
 
     def prefill_length(self, num_tokens: int) -> int:
         """The shortest compiled prefill length that holds ``num_tokens`` tokens."""
@@ -178,7 +202,7 @@ class CausalLM:
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._slot_index[slot]
-        run = self.session.submit(self._with_keep(inputs, decode=False), self.prefill_exec)
+        run = self.session.submit(self._complete(inputs, decode=False), self.prefill_exec)
         return LogitsHandle(run, lambda out: out["logits"][0, -1])
 
     def submit_prefill_chunks(self, chunks: Sequence[tuple[int, Sequence[int], int]]) -> LogitsHandle:
@@ -217,7 +241,7 @@ class CausalLM:
             batch_index[row, 0] = slot
             counts.append(n)
         inputs = {"input_ids": ids, "position_ids": pos, "batch_index": batch_index}
-        run = self.session.submit(self._with_keep(inputs, decode=False), self.prefill_exec)
+        run = self.session.submit(self._complete(inputs, decode=False), self.prefill_exec)
 
         def pick(out: dict[str, np.ndarray]) -> list[np.ndarray | None]:
             logits = out["logits"]
@@ -267,7 +291,7 @@ class CausalLM:
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._decode_batch_index
-        run = self.session.submit(self._with_keep(inputs, decode=True), self.decode_exec)
+        run = self.session.submit(self._complete(inputs, decode=True), self.decode_exec)
 
         def pick(out: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
             last = out["logits"][:, -1]
@@ -305,7 +329,7 @@ class CausalLM:
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._decode_batch_index
-        run = self.session.submit(self._with_keep(inputs, decode=True), self.decode_exec)
+        run = self.session.submit(self._complete(inputs, decode=True), self.decode_exec)
         return LogitsHandle(run, lambda out: {s: out["logits"][s, -n:] for s, n in counts.items()})
 
     def decode_tokens(self, rows: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
@@ -344,6 +368,25 @@ class CausalLM:
                 for slot, (request, _, position) in list(active.items()):
                     accept(slot, request, int(np.argmax(out[slot])), position + 1)
         return results
+
+
+def _ccl_shapes(session: QAICInferenceSession) -> dict[tuple[int, int], tuple[int, ...]]:
+    """``input_ids`` shape -> the compute-context lengths its specializations take, ascending."""
+    index = session.binding_index_map
+    found: dict[tuple[int, int], set[int]] = {}
+    shapes = session.allowed_shapes or [
+        [(b.dtype.itemsize, list(b.dims)) for b in session.bindings]  # one specialization: the bindings
+    ]
+    for shape in shapes:
+        ids, dims = shape[index["input_ids"]][1], shape[index[COMP_CTX_LENGTHS]][1]
+        if len(ids) == 2 and len(dims) == 1 and dims[0] > 0:
+            found.setdefault((int(ids[0]), int(ids[1])), set()).add(int(dims[0]))
+    if not found:
+        raise QaicConfigError(
+            f"the program's {COMP_CTX_LENGTHS} input has no fixed length in any specialization: recompile "
+            "it with compute-context lengths (ccl_enabled / comp_ctx_lengths_prefill / comp_ctx_lengths_decode)"
+        )
+    return {shape: tuple(sorted(lengths)) for shape, lengths in found.items()}
 
 
 def _keep_shapes(session: QAICInferenceSession) -> dict[tuple[int, int], np.ndarray]:

@@ -30,7 +30,13 @@ SPECULATIVE_LAYOUT = "qefficient-tlm"
 
 COMPILE_INDEPENDENT = frozenset({"device_group"})
 """Settings that choose devices at load time and do not change the compiled program."""
-KEYED_WHEN_SET = {"prefill_seq_lens": [], "prefill_batch_size": 1}
+KEYED_WHEN_SET = {
+    "prefill_seq_lens": [],
+    "prefill_batch_size": 1,
+    "ccl_enabled": False,
+    "comp_ctx_lengths_prefill": [],
+    "comp_ctx_lengths_decode": [],
+}
 """Settings that enter the cache key only when they differ from these defaults (programs compiled
 before they existed keep their key)."""
 
@@ -55,27 +61,30 @@ def exporter_identity() -> str:
     return f"qaic-aot {_version('qaic-aot')}"
 
 
-def exporter_route(arch: str) -> str:
+def exporter_route(arch: str, *, ccl: bool = False) -> str:
     """QEfficient's name, or our route for ``arch``: the hand-built graph or traced transformers code."""
     from qaic_aot.export.families import export_route
     from qaic_aot.export.onnx_export import choose_exporter
 
-    return "qefficient" if choose_exporter() == "qefficient" else export_route(arch)
+    return "qefficient" if choose_exporter() == "qefficient" else export_route(arch, ccl=ccl)
 
 
 def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict[str, Any]:
     """Everything the ONNX depends on: the model files, dtype, exporter and IO contract options."""
-    return {
+    params = {
         "architecture": arch,
         "model_files": cache.model_fingerprint(model_dir),
         "dtype": EXPORT_DTYPE,
         "exporter": exporter_identity(),
-        "route": exporter_route(arch),
+        "route": exporter_route(arch, ccl=settings.ccl),
         "continuous_batching": settings.full_batch_size is not None,
         "num_speculative_tokens": settings.num_speculative_tokens,
         # Our exporter sizes rope tables and sliding-window masks by ctx_len, so it is part of the key.
         "ctx_len": settings.ctx_len,
     }
+    if settings.ccl:
+        params["comp_ctx_lengths"] = True  # the comp_ctx_lengths input
+    return params
 
 
 def compile_params(settings: CompileSettings, backend: DeviceBackend) -> dict[str, Any]:
@@ -199,7 +208,9 @@ def run_export(model_dir: Path, out_path: Path, settings: CompileSettings, *, pr
 
     log.info("exporting %s to ONNX (%s)", model_dir, exporter_identity())
     started = time.monotonic()
-    result = export_onnx(model_dir, out_path, settings, dtype=EXPORT_DTYPE, progress=progress)
+    result = export_onnx(
+        model_dir, out_path, settings, dtype=EXPORT_DTYPE, progress=progress, ccl=settings.ccl
+    )
     log.info("export of %s took %.1f s", model_dir.name, time.monotonic() - started)
     return result
 

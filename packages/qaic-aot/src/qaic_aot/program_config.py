@@ -56,8 +56,10 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
     prefill ``num_logits_to_keep`` 1; there is no one-token decode (a single token runs on the K+1
     decode, padded with position -1). ``prefill_seq_lens`` add shorter prefills, and
     ``prefill_batch_size`` B a prefill of B sequences at the shortest length; they come after the
-    decodes and are named Prefill too. Symbols the graph does not use are left out (the compiler
-    rejects unknown symbols).
+    decodes and are named Prefill too. Compute-context lengths (``settings.compute_context_lengths``)
+    give every prefill one specialization per prefill length and the decode one per decode length,
+    with the ``comp_ctx_lengths`` symbol, as QEfficient lays them out. Symbols the graph does not use
+    are left out (the compiler rejects unknown symbols).
     """
     s = settings
     fbs = s.full_batch_size
@@ -66,22 +68,32 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
     prefill_batch = 1 if fbs is not None else s.batch_size
     decode_batch = fbs if fbs is not None else s.batch_size
 
-    def spec(name: str, batch: int, seq_len: int, logits: int) -> Specialization:
-        # QEfficient's key order: batch_size, seq_len, ctx_len, num_logits_to_keep, full_batch_size.
-        values: dict[str, int] = {"batch_size": batch, "seq_len": seq_len, "ctx_len": s.ctx_len}
-        if tlm:
-            values["num_logits_to_keep"] = logits
-        if fbs is not None:
-            values["full_batch_size"] = fbs
-        return Specialization(name, values)
+    lengths = s.compute_context_lengths
+    prefill_ccls: tuple[int | None, ...] = lengths[0] if lengths else (None,)
+    decode_ccls: tuple[int | None, ...] = lengths[1] if lengths else (None,)
 
-    specs = [spec("Prefill", prefill_batch, s.prefill_seq_len, 1)]
+    def spec(name: str, batch: int, seq_len: int, logits: int) -> list[Specialization]:
+        """One per compute-context length. QEfficient's key order: batch_size, seq_len, ctx_len,
+        comp_ctx_lengths, num_logits_to_keep, full_batch_size."""
+        out = []
+        for ccl in decode_ccls if name == "Decode" else prefill_ccls:
+            values: dict[str, int] = {"batch_size": batch, "seq_len": seq_len, "ctx_len": s.ctx_len}
+            if ccl is not None:
+                values["comp_ctx_lengths"] = ccl
+            if tlm:
+                values["num_logits_to_keep"] = logits
+            if fbs is not None:
+                values["full_batch_size"] = fbs
+            out.append(Specialization(name, values))
+        return out
+
+    specs = spec("Prefill", prefill_batch, s.prefill_seq_len, 1)
     if fbs is not None or tlm or s.prefill_seq_len != 1:
-        specs.append(spec("Decode", decode_batch, decode_len, decode_len))
+        specs += spec("Decode", decode_batch, decode_len, decode_len)
     for length in sorted(set(s.prefill_seq_lens) - {s.prefill_seq_len}, reverse=True):
-        specs.append(spec("Prefill", prefill_batch, length, 1))
+        specs += spec("Prefill", prefill_batch, length, 1)
     if s.prefill_batch_seq_len is not None:
-        specs.append(spec("Prefill", s.prefill_batch_size, s.prefill_batch_seq_len, 1))
+        specs += spec("Prefill", s.prefill_batch_size, s.prefill_batch_seq_len, 1)
     if symbols is not None:
         specs = [
             Specialization(sp.name, {k: v for k, v in sp.symbols.items() if k in symbols}) for sp in specs

@@ -121,6 +121,11 @@ def validate_qpc(
                 f"num_speculative_tokens: the program has no decode of {k1} tokens: recompile with "
                 f"--num-speculative-tokens {settings.num_speculative_tokens}"
             )
+    if settings.ccl and "comp_ctx_lengths" not in bindings:
+        problems.append(
+            "compute-context lengths: the program has no comp_ctx_lengths input: recompile with ccl_enabled "
+            "/ comp_ctx_lengths_prefill / comp_ctx_lengths_decode, or leave them out"
+        )
     if problems:
         raise QaicConfigError(
             f"the compiled program {qpc_dir} does not fit model {model_dir} and these settings:\n  - "

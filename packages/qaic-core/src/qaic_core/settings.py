@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qaic_core import ccl
 from qaic_core.compiler_flags import BOOL_FLAGS, VALUE_FLAGS
 from qaic_core.env import parse_bool
 from qaic_core.errors import QaicConfigError
@@ -55,6 +57,19 @@ def parse_lengths(value: Any, what: str) -> tuple[int, ...]:
     except (TypeError, ValueError):
         raise QaicConfigError(
             f"{what} {value!r} is not a list of lengths: write it as '32,64' or [32, 64]"
+        ) from None
+
+
+def parse_length_list(value: Any, what: str) -> tuple[int, ...]:
+    """Lengths from ``"32,64"``, ``"[32, 64]"``, ``[32, 64]`` or one number, in the order given."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    parts = value.strip().strip("[]()").split(",") if isinstance(value, str) else value
+    try:
+        return tuple(int(str(v).strip()) for v in parts if str(v).strip())
+    except (TypeError, ValueError):
+        raise QaicConfigError(
+            f"{what} {value!r} is not a list of lengths: write it as '4096,8192' or [4096, 8192]"
         ) from None
 
 
@@ -251,6 +266,27 @@ class CompileSettings:
         limit=">= 1, K+1 <= `ctx_len`",
         override=False,
     )
+    ccl_enabled: bool = _setting(
+        False,
+        "compute-context lengths: also specialize for shorter contexts, each run reading only the "
+        "shortest that holds its positions; lists generated from ctx_len unless given",
+        parse_bool,
+        flag="--ccl-enabled",
+    )
+    comp_ctx_lengths_prefill: tuple[int, ...] = _setting(
+        (),
+        "compute-context lengths of the prefill (turns CCL on); ctx_len is added if the last is shorter",
+        parse_length_list,
+        flag="--comp-ctx-lengths-prefill",
+        limit="ascending, each 1 .. `ctx_len`",
+    )
+    comp_ctx_lengths_decode: tuple[int, ...] = _setting(
+        (),
+        "compute-context lengths of the decode (turns CCL on); ctx_len is added if the last is shorter",
+        parse_length_list,
+        flag="--comp-ctx-lengths-decode",
+        limit="ascending, each 1 .. `ctx_len`",
+    )
     convert_to_fp16: bool = _setting(
         True,
         "compute in fp16 (-convert-to-fp16)",
@@ -295,6 +331,20 @@ class CompileSettings:
     def prefill_lengths(self) -> tuple[int, ...]:
         """Every compiled prefill chunk length, ascending; the last is ``prefill_seq_len``."""
         return tuple(sorted({*self.prefill_seq_lens, self.prefill_seq_len}))
+
+    @property
+    def ccl(self) -> bool:
+        """Whether the program has compute-context lengths (``ccl_enabled`` or a list given)."""
+        return self.ccl_enabled or bool(self.comp_ctx_lengths_prefill or self.comp_ctx_lengths_decode)
+
+    @property
+    def compute_context_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """``(prefill, decode)`` compute-context lengths the program is compiled for, or None without CCL."""
+        if not self.ccl:
+            return None
+        return ccl.resolve(
+            self.comp_ctx_lengths_prefill, self.comp_ctx_lengths_decode, self.ctx_len, self.prefill_seq_len
+        )
 
     @property
     def prefill_batch_seq_len(self) -> int | None:
@@ -367,10 +417,37 @@ class CompileSettings:
                     f"num_speculative_tokens + 1 ({self.num_speculative_tokens + 1}) exceeds ctx_len "
                     f"({self.ctx_len}): lower {_flag('num_speculative_tokens')} or raise {_flag('ctx_len')}"
                 )
+        self._validate_ccl()
         if self.full_batch_size is not None and self.batch_size > self.full_batch_size:
             raise QaicConfigError(
                 f"batch_size ({self.batch_size}) must not exceed full_batch_size ({self.full_batch_size}): "
                 f"lower {_flag('batch_size')} or raise {_flag('full_batch_size')}"
+            )
+
+    def _validate_ccl(self) -> None:
+        for name in ("comp_ctx_lengths_prefill", "comp_ctx_lengths_decode"):
+            lengths = list(getattr(self, name))
+            fix = f"fix {_flag(name)} (override_qaic_config {name})"
+            for n in lengths:
+                if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                    raise QaicConfigError(f"{name} {lengths}: {n!r} is not a positive length: {fix}")
+                if n > self.ctx_len:
+                    raise QaicConfigError(
+                        f"{name} {lengths}: {n} exceeds ctx_len ({self.ctx_len}, vLLM's --max-model-len): "
+                        f"{fix} to lengths of at most {self.ctx_len}, or raise {_flag('ctx_len')}"
+                    )
+            if any(b <= a for a, b in itertools.pairwise(lengths)):
+                raise QaicConfigError(
+                    f"{name} {lengths} is not ascending: {fix} to {sorted(set(lengths))} (ascending, "
+                    "no repeats)"
+                )
+        if self.ccl and self.num_speculative_tokens:
+            raise QaicConfigError(
+                "compute-context lengths and a speculative target (num_speculative_tokens "
+                f"{self.num_speculative_tokens}) cannot be combined, as in QEfficient: leave out "
+                f"{_flag('ccl_enabled')}, {_flag('comp_ctx_lengths_prefill')} and "
+                f"{_flag('comp_ctx_lengths_decode')} (override_qaic_config ccl_enabled / comp_ctx_lengths_*) "
+                "or speculative decoding"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -378,6 +455,8 @@ class CompileSettings:
         data["device_group"] = list(self.device_group) if self.device_group is not None else None
         data["compiler_args"] = list(self.compiler_args)
         data["prefill_seq_lens"] = list(self.prefill_seq_lens)
+        data["comp_ctx_lengths_prefill"] = list(self.comp_ctx_lengths_prefill)
+        data["comp_ctx_lengths_decode"] = list(self.comp_ctx_lengths_decode)
         return data
 
 

@@ -82,6 +82,11 @@ def export_onnx(
         )
     config = load_config(model_dir)
     exporter = choose_exporter()
+    if exporter == "qefficient" and ccl:
+        raise QaicConfigError(
+            "compute-context lengths are exported by qaic-aot's traced route, not through QEfficient's "
+            "exporter here: set QAIC_AOT_EXPORTER=qaic, or leave out ccl_enabled / comp_ctx_lengths_*"
+        )
     if exporter == "qefficient":
         # QEfficient has its own list of supported models and transforms; it decides.
         weight_files(model_dir)
@@ -98,7 +103,7 @@ def export_onnx(
             exporter=exporter,
         )
     check_architecture(config)
-    if export_route(architecture_of(config)) == TRACED:
+    if export_route(architecture_of(config), ccl=ccl) == TRACED:
         weight_files(model_dir)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         return _export_traced(model_dir, out_path, settings, config, progress, ccl)
