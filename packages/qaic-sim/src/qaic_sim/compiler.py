@@ -17,7 +17,7 @@ from onnx import TensorProto
 from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError, QaicError
 from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, Specialization
-from qaic_sim import aicapi, costing, mx, transforms
+from qaic_sim import aicapi, costing, kv_ops, mx, transforms
 from qaic_sim.compiler_flags import CompileOptions, parse_argv
 from qaic_sim.config import QAIC_SIM_TIMING
 from qaic_sim.machine import get_machine
@@ -68,7 +68,8 @@ def compile_argv(argv: Sequence[str]) -> Path:
         transforms.round_weights_fp16(model, skip=mx_weights)
         transforms.round_activations_fp16(model)
 
-    model_bytes = model.SerializeToString()
+    with kv_ops.device_kernels(model):
+        model_bytes = model.SerializeToString()
     _check_executable(model_bytes, opts.model)
     spec_dims = [_spec_dims(model, inputs, outputs, s) for s in specs]
     bindings = _bindings(inputs, outputs, spec_dims, precisions, retained)

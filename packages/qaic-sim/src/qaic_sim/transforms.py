@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qaic_sim import mx
+from qaic_sim.kv_ops import KV_OPS_DOMAIN
 
 log = logging.getLogger("qaic.sim.compiler")
 
@@ -123,10 +124,6 @@ def round_activations_fp16(model: onnx.ModelProto) -> int:
     return count
 
 
-KV_OPS_DOMAIN = "com.qualcomm.cloud"
-"""Domain of the KV-cache custom ops (CtxScatter, CtxGather and their CB variants)."""
-
-
 def _int64_const(name: str, values: list[int]) -> onnx.NodeProto:
     return helper.make_node(
         "Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64), name)
@@ -203,6 +200,10 @@ def tolerate_invalid_kv_indices(model: onnx.ModelProto) -> int:
     reads something harmless (masked by the model), while onnxruntime's ScatterND/GatherND abort on
     them. Inside every function of domain ``com.qualcomm.cloud``, ScatterND skips index tuples outside
     the data and GatherND reads index 0 for them. Returns how many nodes were changed.
+
+    The executable program replaces the known functions' bodies with faster ones
+    (``kv_ops.device_kernels``); these tolerant bodies are what the timing model reads and what runs
+    for any other function of the domain.
     """
     changed = 0
     for function in model.functions:
