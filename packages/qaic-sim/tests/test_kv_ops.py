@@ -75,7 +75,7 @@ def test_scatter_cb_writes_valid_positions_only(case: str, index_dtype: type) ->
     rows_list, pos_list = SCATTER_CASES[case]
     rng = np.random.default_rng(0)
     rows = np.array(rows_list, np.int64)
-    pos = np.array(pos_list, index_dtype)
+    pos: np.ndarray = np.array(pos_list, index_dtype)
     data = rng.standard_normal((F, H, C, D)).astype(np.float32)
     upd = rng.standard_normal((len(rows), H, pos.shape[1], D)).astype(np.float32)
     inputs = ["data", "batch_index", "position_ids", "updates"]
@@ -132,7 +132,7 @@ def test_gather_cb_reads_rows_at_indices(case: str, index_dtype: type) -> None:
     if ci_list is None:
         last = np.arange(len(rows)) * 3 + 2
         grid = np.arange(C)[None, :]
-        ci = np.where(grid > last[:, None], INT32_MAX, grid)[:, None, :].astype(index_dtype)
+        ci: np.ndarray = np.where(grid > last[:, None], INT32_MAX, grid)[:, None, :].astype(index_dtype)
     else:
         ci = np.array(ci_list, index_dtype)[:, None, :]
     got = _run(
