@@ -124,6 +124,17 @@ def test_a_short_context_decode_costs_less_device_time(
     assert 0 < short < plain
 
 
+def test_the_memory_estimate_counts_the_ccl_input(ccl_lm: CausalLM, tiny_llama: Path) -> None:
+    from qaic_aot import memory
+    from qaic_sim.qpcfile import read_manifest
+
+    manifest, _ = read_manifest(Path(ccl_lm.session.qpc_path))
+    estimate = memory.program_memory(memory.model_dims(tiny_llama), SETTINGS)
+    assert estimate.retained == manifest.retained_bytes
+    assert estimate.activations == manifest.activation_bytes
+    assert estimate.weights >= manifest.weights_bytes  # the traced graph has fewer constants
+
+
 def test_a_program_without_ccl_is_refused_for_ccl_settings(tiny_llama: Path, tmp_path: Path) -> None:
     from qaic_aot.validate import validate_qpc
 

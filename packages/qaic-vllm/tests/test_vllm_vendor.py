@@ -76,9 +76,15 @@ OVERRIDE_CASES: dict[str, list[tuple[Any, Check | str | None]]] = {
     "mdp_dump_partition_config": [("dump.json", REFUSED)],
     "mdp_compiler_dump_path": [("dumps", REFUSED)],
     "stages": [(2, REFUSED), (1, None)],
-    "ccl_enabled": [(True, REFUSED), (False, None)],
-    "comp_ctx_lengths_prefill": [([128], REFUSED)],
-    "comp_ctx_lengths_decode": [([128, 256], REFUSED)],
+    "ccl_enabled": [
+        (True, lambda s: s.ccl_enabled and s.compute_context_lengths == ((256,), (256,))),
+        (False, lambda s: s.compute_context_lengths is None),
+    ],
+    "comp_ctx_lengths_prefill": [([128], lambda s: s.compute_context_lengths == ((128, 256), (256,)))],
+    "comp_ctx_lengths_decode": [
+        ([128, 256], lambda s: s.compute_context_lengths == ((256,), (128, 256))),
+        ("64,128", lambda s: s.comp_ctx_lengths_decode == (64, 128)),
+    ],
     "prefill_only": [(True, REFUSED), (False, REFUSED), (None, None)],
     "split_retained_state_io": [(True, REFUSED), (False, None)],
     "kv_cache_batch_size": [(8, REFUSED)],

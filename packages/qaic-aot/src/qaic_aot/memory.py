@@ -254,6 +254,8 @@ def _activations(dims: ModelDims, s: CompileSettings) -> int:
             io += rows * INT64
         if k1 > 1:
             io += logits * INT64  # num_logits_to_keep
+        if s.ccl:
+            io += s.ctx_len * INT64  # comp_ctx_lengths: the longest is ctx_len
         best = max(best, io)
     return 2 * best
 

@@ -22,7 +22,6 @@ HONOURED = "honoured"
 NO_EFFECT = "no effect"
 UNSUPPORTED = "not supported"
 
-CCL = "compute-context-length (CCL) specializations"
 DISAGG = "disaggregated prefill/decode serving"
 SAMPLER = "on-device sampling"
 POOLING = "pooling (embedding, classify, score) models"
@@ -110,9 +109,14 @@ OVERRIDE_KEYS: dict[str, VendorKey] = {
         _unsupported("mdp_dump_partition_config", "dump the device partition", "partition dumps", (None, "")),
         _unsupported("mdp_compiler_dump_path", "compiler dump folder", "partition dumps", (None, "")),
         _unsupported("stages", "prefill pipeline stages", DISAGG, (None, 1, "1")),
-        _unsupported("ccl_enabled", "CCL with generated lists", CCL),
-        _unsupported("comp_ctx_lengths_prefill", "CCL prefill lengths", CCL),
-        _unsupported("comp_ctx_lengths_decode", "CCL decode lengths", CCL),
+        VendorKey(
+            "ccl_enabled",
+            "CCL with generated lists",
+            HONOURED,
+            "ccl_enabled: QEfficient's lists from --max-model-len (one length up to 4096)",
+        ),
+        VendorKey("comp_ctx_lengths_prefill", "CCL prefill lengths", HONOURED, "comp_ctx_lengths_prefill"),
+        VendorKey("comp_ctx_lengths_decode", "CCL decode lengths", HONOURED, "comp_ctx_lengths_decode"),
         _unsupported("prefill_only", "compile the prefill (true) or decode (false) half", DISAGG, (None,)),
         _unsupported("split_retained_state_io", "separate KV input/output buffers", DISAGG),
         _unsupported("kv_cache_batch_size", "KV slots for prefix caching", "prefix caching", (None,)),
