@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,7 +27,7 @@ def _generate(model: Path, async_scheduling: bool, prompts: list[Any], params: l
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        mp.setenv("QAIC_ASYNC_SCHEDULING", "1")
+        mp.delenv("QAIC_ASYNC_SCHEDULING", raising=False)  # the engine argument alone decides
         llm = LLM(model=str(model), seed=0, async_scheduling=async_scheduling, **ENGINE_ARGS)
         try:
             assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling is async_scheduling
@@ -74,3 +76,57 @@ def test_async_scheduling_gives_the_same_output(
     overlapped = _generate(tiny_model, True, prompts, params)
     assert overlapped == sync
     assert all(len(tokens) > 0 for out in sync for tokens, _, _ in out)
+
+
+# -- when it is on ---------------------------------------------------------------------------------------
+def _config(model: Path, *cli: str, **kwargs: Any) -> Any:
+    """Engine arguments as ``vllm serve`` parses them, through the platform's config check."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = ["--model", str(model), "--max-model-len", "256", "--max-num-seqs", "4", "--dtype", "float32"]
+    argv += cli
+    args = EngineArgs.from_cli_args(parser.parse_args(argv))
+    for key, value in kwargs.items():
+        setattr(args, key, value)
+    return args.create_engine_config()
+
+
+def test_on_by_default_and_off_with_no_async_scheduling(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("QAIC_ASYNC_SCHEDULING", raising=False)
+    assert _config(tiny_model).scheduler_config.async_scheduling is True  # vLLM's default
+    assert _config(tiny_model, "--async-scheduling").scheduler_config.async_scheduling is True
+    assert _config(tiny_model, "--no-async-scheduling").scheduler_config.async_scheduling is False
+    monkeypatch.setenv("QAIC_ASYNC_SCHEDULING", "1")  # the old opt-in still works, and changes nothing
+    assert _config(tiny_model).scheduler_config.async_scheduling is True
+    monkeypatch.setenv("QAIC_ASYNC_SCHEDULING", "0")  # the variable only turns it off
+    with caplog.at_level(logging.INFO, logger="qaic.vllm"):
+        assert _config(tiny_model, "--async-scheduling").scheduler_config.async_scheduling is False
+    assert "qaic: async scheduling is off: QAIC_ASYNC_SCHEDULING=0" in caplog.text
+
+
+def test_what_turns_it_off_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qaic_vllm.platform import async_scheduling_blocker
+
+    monkeypatch.delenv("QAIC_ASYNC_SCHEDULING", raising=False)
+
+    def config(runner: str = "generate", kv: Any = None) -> Any:
+        return SimpleNamespace(kv_transfer_config=kv, model_config=SimpleNamespace(runner_type=runner))
+
+    assert async_scheduling_blocker(config(), False) is None
+    assert "speculative decoding" in str(async_scheduling_blocker(config(), True))
+    assert "KV connector" in str(async_scheduling_blocker(config(kv=object()), False))
+    assert "pooling models" in str(async_scheduling_blocker(config("pooling"), False))
+
+
+def test_the_eager_mode_turns_it_off(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("VLLM_QAIC_EXECUTION_MODE", raising=False)
+    with caplog.at_level(logging.INFO, logger="qaic.vllm"):
+        cfg = _config(tiny_model, additional_config={"execution_mode": "pyt"})
+    assert cfg.scheduler_config.async_scheduling is False
+    assert "async scheduling is off: not supported in the pyt (eager) execution mode" in caplog.text

@@ -48,13 +48,14 @@ def test_register_needs_an_available_backend(monkeypatch: pytest.MonkeyPatch) ->
     assert qaic_vllm.register() == qaic_vllm.register() == "qaic_vllm.platform.QaicPlatform"
 
 
-def test_static_shape_settings(tiny_model: Path) -> None:
+def test_static_shape_settings(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.config import CompilationMode
 
+    monkeypatch.delenv("QAIC_ASYNC_SCHEDULING", raising=False)
     cfg = engine_config(tiny_model, long_prefill_token_threshold=32)
     assert cfg.parallel_config.worker_cls == "qaic_vllm.worker.QaicWorker"
     assert cfg.scheduler_config.scheduler_cls == "qaic_vllm.scheduler.QaicScheduler"
-    assert cfg.scheduler_config.async_scheduling is False
+    assert cfg.scheduler_config.async_scheduling is True  # vLLM's default, no variable needed
     assert cfg.scheduler_config.long_prefill_token_threshold == 32
     assert cfg.scheduler_config.max_num_batched_tokens >= 4 + 32
     assert cfg.cache_config.block_size == 256

@@ -297,9 +297,10 @@ def test_qaic_profiler_dir_names_the_trace_folder(tiny_model: Path, monkeypatch:
 
 
 # -- engine arguments ------------------------------------------------------------------------------------
-def test_engine_arguments(tiny_model: Path) -> None:
+def test_engine_arguments(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from qaic_vllm.config import engine_settings
 
+    monkeypatch.delenv("QAIC_ASYNC_SCHEDULING", raising=False)
     cfg = engine_config(
         tiny_model,
         quantization="mxfp6",
@@ -314,7 +315,8 @@ def test_engine_arguments(tiny_model: Path) -> None:
     assert (s.mxfp6, s.mxint8, s.prefill_seq_len, s.num_devices) == (True, True, 64, 2)
     assert (s.full_batch_size, s.ctx_len) == (4, 256)
     assert cfg.parallel_config.tensor_parallel_size == 1 and cfg.parallel_config.world_size == 1
-    assert cfg.scheduler_config.async_scheduling is False
+    assert cfg.scheduler_config.async_scheduling is True  # --async-scheduling alone turns it on
+    assert engine_config(tiny_model, async_scheduling=False).scheduler_config.async_scheduling is False
     with pytest.raises((QaicConfigError, ValueError), match="disagree"):
         engine_config(
             tiny_model, tensor_parallel_size=2, additional_config={"override_qaic_config": {"num_devices": 4}}

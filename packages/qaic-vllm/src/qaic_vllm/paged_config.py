@@ -100,8 +100,8 @@ def configure_paged(vllm_config: VllmConfig, path: ExecutionPath) -> None:
     if parallel.worker_cls in ("auto", "", None):
         parallel.worker_cls = PAGED_WORKER_CLS
     sched = vllm_config.scheduler_config
-    if sched.async_scheduling:
-        log.info("qaic: async scheduling is not supported; turning it off")
+    if sched.async_scheduling:  # vLLM's default, or --async-scheduling
+        log.info("qaic: async scheduling is off: not supported in the pyt (eager) execution mode")
     sched.async_scheduling = False
 
     from vllm.config import CompilationMode

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
 ASYNC_SCHEDULING_VAR = "QAIC_ASYNC_SCHEDULING"
-"""Opt-in for vLLM's asynchronous scheduling (``--async-scheduling``) on the aot path."""
+"""``0`` turns vLLM's asynchronous scheduling off on the aot path, as ``--no-async-scheduling`` does.
+
+Unset (or ``1``), vLLM decides: on unless ``--no-async-scheduling`` or a combination that needs it off.
+"""
 
 log = logging.getLogger("qaic.vllm")
 
@@ -146,12 +149,16 @@ class QaicPlatform(Platform):
 
     @classmethod
     def pre_register_and_update(cls, parser: Any = None) -> None:
-        """Accept ``--kv-cache-dtype mxint8`` on the command line (vLLM's fp8 value carries it)."""
+        """Accept ``--kv-cache-dtype mxint8`` on the command line (vLLM's fp8 value carries it); a pooling
+        server answers generation endpoints with a 400 (``--middleware``'s default, see pooling_server)."""
         register_mxfp6()
         register_mxint8_kv_cache()
         install_batch_default_probe()
         if parser is None:
             return
+        from qaic_vllm.pooling_server import add_to_parser
+
+        add_to_parser(parser)
         for action in getattr(parser, "_actions", []):
             if "--kv-cache-dtype" in action.option_strings and not getattr(action, "_qaic", False):
                 if action.choices is not None and "mxint8" not in action.choices:
@@ -208,17 +215,10 @@ class QaicPlatform(Platform):
             parallel.worker_cls = WORKER_CLS
         sched = vllm_config.scheduler_config
         sched.scheduler_cls = SCHEDULER_CLS
-        if sched.async_scheduling:
-            # The next step is scheduled while the device runs this one (the runner starts a step in
-            # execute_model and finishes it when vLLM reads the output). Not with a proposer that
-            # drafts from the sampled tokens, nor with a KV connector that reports per step.
-            blocker = "speculative decoding" if spec else None
-            if getattr(vllm_config, "kv_transfer_config", None) is not None:
-                blocker = "a KV connector"
-            if not env_flag(ASYNC_SCHEDULING_VAR, False):
-                blocker = f"{ASYNC_SCHEDULING_VAR} unset (set it to 1 to schedule ahead of the device)"
+        if sched.async_scheduling:  # vLLM's default, or --async-scheduling
+            blocker = async_scheduling_blocker(vllm_config, spec is not None)
             if blocker:
-                log.info("qaic: async scheduling is not supported with %s; turning it off", blocker)
+                log.info("qaic: async scheduling is off: %s", blocker)
                 sched.async_scheduling = False
         sched.enable_chunked_prefill = True
         sched.long_prefill_token_threshold = prefill
@@ -277,6 +277,25 @@ class QaicPlatform(Platform):
     @classmethod
     def use_all_gather(cls) -> bool:
         return False
+
+
+def async_scheduling_blocker(vllm_config: VllmConfig, speculative: bool) -> str | None:
+    """Why asynchronous scheduling cannot run with this configuration on the aot path; None when it can.
+
+    The runner starts a step in ``execute_model`` and finishes it when vLLM reads the output, so vLLM
+    schedules the next step while the device runs this one. Not with a proposer that drafts from the
+    sampled tokens, a KV connector that reports per step, or the pooling worker (whole prompts per step).
+    """
+    if not env_flag(ASYNC_SCHEDULING_VAR, True):
+        return f"{ASYNC_SCHEDULING_VAR}=0"
+    if speculative:
+        return "not supported with speculative decoding on Cloud AI (the proposer drafts from sampled tokens)"
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        return "not supported with a KV connector on Cloud AI (it reports per step)"
+    model_config = vllm_config.model_config
+    if model_config is not None and model_config.runner_type == "pooling":
+        return "not supported for pooling models on Cloud AI (each step runs to the end)"
+    return None
 
 
 def _kv_cache_dtype_type(inner: Any) -> Any:

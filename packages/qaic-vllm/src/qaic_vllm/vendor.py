@@ -346,9 +346,9 @@ ENGINE_ARGS: dict[str, VendorKey] = {
         VendorKey(
             "--async-scheduling",
             "AOT supports it",
-            NO_EFFECT,
-            "served synchronously unless QAIC_ASYNC_SCHEDULING=1 (then the next step is scheduled while "
-            "the device runs this one)",
+            HONOURED,
+            "on by default as in vLLM: the next step is scheduled while the device runs this one; "
+            "--no-async-scheduling turns it off; off with speculative decoding, a KV connector, pooling and in PYT mode",
         ),
         VendorKey("--speculative-config", "ngram, suffix, draft_model", HONOURED, "speculative decoding"),
         VendorKey(
