@@ -242,7 +242,7 @@ class Runner:
                     "num_prompts": self.s.num_prompts,
                     "async_scheduling": async_scheduling,
                 },
-                {**self.paced_env, "QAIC_ASYNC_SCHEDULING": "1"},
+                self.paced_env,
                 self.work / f"load-{name}",
             )
             log.info("paced load (%s scheduling): %s", name, runs[name])
