@@ -115,3 +115,53 @@ def test_engine_is_forgotten_by_a_generation_configuration(monkeypatch: pytest.M
     path = SimpleNamespace(name="aot", pooling_architectures=frozenset({"BertModel"}))
     pooling_config.check_pooling(engine_config({}, runner="generate"), path)  # type: ignore[arg-type]
     assert pooling_config.engine() is None
+
+
+def pooling_app(runner: str = "pooling") -> Any:
+    """A FastAPI app with vLLM's state of a server and one pooling route, behind the middleware."""
+    from fastapi import FastAPI
+
+    from qaic_vllm.pooling_server import PoolingServerMiddleware
+
+    app = FastAPI()
+    app.state.vllm_config = engine_config({}, runner=runner)
+
+    @app.post("/v1/embeddings")
+    async def embeddings() -> dict[str, str]:
+        return {"object": "list"}
+
+    app.add_middleware(PoolingServerMiddleware)
+    return app
+
+
+def test_a_pooling_server_refuses_generation_naming_what_it_serves() -> None:
+    from fastapi.testclient import TestClient
+
+    client = TestClient(pooling_app())
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
+        reply = client.post(path, json={"model": "m", "prompt": "Hi"})
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["message"] == (
+            f"this server runs a pooling model (task embed): it serves /v1/embeddings; start a generation "
+            f"model for {path}"
+        )
+        assert (error["type"], error["code"]) == ("BadRequestError", 400)
+    assert client.post("/v1/embeddings", json={}).status_code == 200
+    assert client.post("/v1/unknown", json={}).status_code == 404  # other paths keep vLLM's answer
+    generation = TestClient(pooling_app(runner="generate"))
+    assert generation.post("/v1/completions", json={}).status_code == 404  # not a pooling server
+
+
+def test_the_middleware_is_a_default_of_vllm_serve() -> None:
+    import argparse
+
+    from qaic_vllm.pooling_server import MIDDLEWARE, add_to_parser
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--middleware", action="append", type=str, default=[])
+    add_to_parser(parser)
+    add_to_parser(parser)
+    assert parser.parse_args([]).middleware == [MIDDLEWARE]
+    assert parser.parse_args(["--middleware", "a.b"]).middleware == [MIDDLEWARE, "a.b"]
+    assert parser.parse_args([]).middleware == [MIDDLEWARE]

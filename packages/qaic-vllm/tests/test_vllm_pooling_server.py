@@ -118,12 +118,30 @@ def test_a_prompt_past_the_longest_length_is_refused(server: VllmServer) -> None
     assert str(CTX) in reply.json()["error"]["message"]
 
 
+def refusal_of(error: openai.BadRequestError) -> str:
+    body = error.body
+    assert error.status_code == 400 and isinstance(body, dict), error
+    return str(body["message"])
+
+
 def test_no_generation_from_a_pooling_model(server: VllmServer) -> None:
-    """vLLM does not route generation endpoints to a pooling model at all."""
+    """Generation endpoints answer 400 naming the pooling task and the endpoints served; embeddings go on."""
+    refusal = "this server runs a pooling model (task embed): it serves /v1/embeddings, /pooling, /score, /rerank; start a generation model for"
     reply = httpx.post(
         server.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}, timeout=60
     )
-    assert reply.status_code in (400, 404)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == f"{refusal} /v1/completions"
+    client = client_of(server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    assert refusal_of(refused.value) == f"{refusal} /v1/completions"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+    assert refusal_of(refused.value) == f"{refusal} /v1/chat/completions"
+    assert len(client.embeddings.create(model=MODEL, input="still serving").data[0].embedding) == 384
 
 
 def test_no_normalization_follows_the_pooling_device(server: VllmServer, reference: Any) -> None:
