@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ from vllm.sampling_params import SamplingParams
 
 from qaic_core.errors import QaicConfigError
 from qaic_vllm import pooling_config
+from qaic_vllm.overrides import read_override
 from qaic_vllm.pooling_config import PoolingEngine, pooling_settings, pooling_task, set_aside
 from qaic_vllm.pooling_runner import plan_runs
 from qaic_vllm.validation import validate_pooling
@@ -52,6 +54,34 @@ def test_pooling_keys_are_set_aside_from_the_compile_settings() -> None:
         "cls",
         False,
     )
+
+
+def test_pooling_keys_in_compiler_args_pieces_are_set_aside() -> None:
+    """vllm-qaic reads ``key=value`` pieces of compiler_args as keys; a piece wins over the key."""
+    override = {
+        "compiler_args": "embed_seq_len=32,128|pooling_device=qaic -aic-perf-metrics",
+        "pooling_device": "cpu",
+        "num_cores": 4,
+    }
+    config = engine_config(override)
+    assert set_aside(config) == {"embed_seq_len": "32,128", "pooling_device": "qaic"}
+    rest = config.additional_config["override_qaic_config"]
+    assert rest == {"compiler_args": "-aic-perf-metrics", "num_cores": 4}
+    assert read_override(rest, "override")["compiler_args"] == ("-aic-perf-metrics",)
+    settings = pooling_settings(config)
+    assert (settings.seq_lens, settings.device) == ((32, 128), "qaic")
+    config = engine_config({"compiler_args": "mos=2 -v"})
+    assert set_aside(config) == {}
+    assert config.additional_config["override_qaic_config"] == {"compiler_args": "mos=2 -v"}
+    with pytest.raises(QaicConfigError, match="--runner pooling"):
+        set_aside(engine_config({"compiler_args": "embed_seq_len=128"}, runner="generate"))
+
+
+def test_softmax_is_noted_as_having_no_effect(caplog: pytest.LogCaptureFixture) -> None:
+    path = SimpleNamespace(name="aot", pooling_architectures=frozenset({"BertModel"}))
+    with caplog.at_level(logging.INFO, logger="qaic.vllm.pooling"):
+        pooling_config.check_pooling(engine_config({"softmax": True}), path)  # type: ignore[arg-type]
+    assert "softmax has no effect here" in caplog.text
 
 
 def test_a_generation_engine_refuses_pooling_keys() -> None:

@@ -4,14 +4,17 @@ vllm-qaic's ``override_qaic_config`` keys for pooling models are read here: ``em
 sequence-length specializations, which must include ``--max-model-len``), ``pooling_device``
 (``cpu``: the program returns hidden states and vLLM's pooler runs on the host; ``qaic``: pooling is
 compiled in), ``pooling_method`` and ``normalize`` (compiled in with ``qaic``), ``softmax`` (vLLM's
-classifier activation already applies it) and ``task``. They are moved out of
-``override_qaic_config`` into ``additional_config["qaic_pooling"]`` so that the compile settings
-never see them, and read back from there by the worker.
+classifier activation already applies it) and ``task`` (their rows in ``qaic_vllm.vendor``). They
+are moved out of ``override_qaic_config``, keys and ``compiler_args`` pieces alike
+(``"compiler_args": "embed_seq_len=32,256"``, as vllm-qaic reads them), into
+``additional_config["qaic_pooling"]`` so that the compile settings never see them; this module parses
+and checks them (:func:`pooling_settings`, :func:`pooling_task`), at start-up and in the worker.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +30,8 @@ from qaic_core.execution import (
     POOLING_METHODS,
     PoolingSettings,
 )
+from qaic_core.settings import split_arguments
+from qaic_vllm import vendor
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -85,12 +90,18 @@ def set_aside(vllm_config: VllmConfig) -> dict[str, Any]:
     kept = dict(additional.get(POOLING_KEY) or {})
     if isinstance(override, Mapping):
         rest = {}
+        pieces: dict[str, Any] = {}
         for key, value in override.items():
-            name = str(key).strip().lower().replace("-", "_")
+            name = _name(key)
             if name in POOLING_KEYS:
                 kept[name] = value
+            elif name == "compiler_args" and isinstance(value, str):
+                args = _pooling_pieces(value, pieces)
+                if args:
+                    rest[key] = args
             else:
                 rest[key] = value
+        kept.update(pieces)  # a compiler_args piece wins over the key, as it does for the compile settings
         additional[OVERRIDE_KEY] = rest
     given = {k: v for k, v in kept.items() if v not in (None, False, "", [], ())}
     if given and not is_pooling(vllm_config):
@@ -100,6 +111,24 @@ def set_aside(vllm_config: VllmConfig) -> dict[str, Any]:
         )
     additional[POOLING_KEY] = kept
     return kept
+
+
+def _name(key: object) -> str:
+    return str(key).strip().lower().replace("-", "_")
+
+
+def _pooling_pieces(compiler_args: str, into: dict[str, Any]) -> str:
+    """vllm-qaic's ``key=value`` pieces of ``compiler_args`` that name pooling keys go into ``into``;
+    returns the rest (``compiler_args`` unchanged when it names none)."""
+    pieces = split_arguments(compiler_args, f"--additional-config {OVERRIDE_KEY} compiler_args")
+    rest = []
+    for piece in pieces:
+        key, eq, value = piece.partition("=")
+        if not piece.startswith("-") and _name(key) in POOLING_KEYS:
+            into[_name(key)] = value if eq else True
+        else:
+            rest.append(piece)
+    return compiler_args if len(rest) == len(pieces) else shlex.join(rest)
 
 
 def _seq_lens(raw: Any, max_model_len: int) -> tuple[int, ...]:
@@ -213,6 +242,10 @@ def check_pooling(vllm_config: VllmConfig, path: ExecutionPath) -> None:
             f"model architecture {archs or 'unknown'} is not supported as a pooling model on Cloud AI "
             f"({path.name} path); supported: {', '.join(sorted(supported))}"
         )
+    keys = _keys(vllm_config)
+    table = {k: v for k, v in vendor.OVERRIDE_KEYS.items() if k in POOLING_KEYS}
+    for note in vendor.check_keys(keys, table, f"--additional-config {OVERRIDE_KEY}"):
+        log.info("qaic: %s", note)  # softmax
     pooling_task(vllm_config)
     pooling_settings(vllm_config)
     if isinstance(vllm_config.additional_config, dict):
