@@ -5,7 +5,8 @@ report's pacing model, and generates the serve workload (same prompt and output 
 and batch) once with asynchronous scheduling and once without. The device's modelled busy time
 comes from the runtime's performance counters (``Util.getPerformanceInfo``: ``deviceTimeS`` summed
 over the QIDs) before and after; ``busy_fraction`` is that time over the wall time of the
-generation. Padding waste comes from the runner's step records (the ``qaic_observers`` hook):
+generation, and ``idle_us_per_step`` the wall time the device was not busy, per runner step: the
+host work the device waited for. Padding waste comes from the runner's step records (the ``qaic_observers`` hook):
 token positions the device computed over the tokens the requests needed, for prefill (chunks
 padded to their compiled length, a batched prefill's empty rows) and decode (every KV slot of a
 full-batch decode, busy or not) separately; 1.0 means no padding.
@@ -89,6 +90,8 @@ def paced_load(
         "wall_s": round(wall, 3),
         "device_s": round(device, 3),
         "busy_fraction": round(device / wall, 3) if wall > 0 else None,
+        # What the device waits for per step: host work not hidden behind its runs.
+        "idle_us_per_step": round((wall - device) / len(totals.steps) * 1e6, 1) if totals.steps else None,
         "padding_waste": totals.waste(),
         "steps": len(totals.steps),
     }

@@ -188,10 +188,11 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
         return embedding.section_lines(value)
     if key == "device_load":
         busy, tok_s, waste = value["busy_fraction"], value["tok_s"], value["padding_waste"]
+        idle = value.get("idle_us_per_step") or {}
         lines = _table(
-            ["scheduling", "device busy fraction", "output tok/s"],
-            [[name, busy[name], tok_s[name]] for name in sorted(busy)],
-            digits=(0, 3, 2),
+            ["scheduling", "device busy fraction", "output tok/s", "device idle µs per step"],
+            [[name, busy[name], tok_s[name], idle.get(name)] for name in sorted(busy)],
+            digits=(0, 3, 2, 0),
         )
         return [
             *lines,
