@@ -126,6 +126,36 @@ def test_int32_max_positions_write_nothing(qpc: Path, weights: QeffWeights) -> N
     s.deactivate()
 
 
+def test_held_state_is_written_in_place_and_supplied_inputs_are_not(qpc: Path) -> None:
+    """The device kernels update the held KV where it lies; a KV the caller supplies stays untouched."""
+    manifest, _ = qpcfile.read_manifest(qpcfile.find_program(qpc))
+    assert manifest.in_place == ("past_key.0", "past_value.0")
+    s = QeffStyleSession(qaicrt, aicapi, str(qpc), device_ids=[0])
+    kv = np.random.default_rng(1).standard_normal((SLOTS, 2, CTX, 8)).astype(np.float32)
+    before = kv.copy()
+    inputs = {
+        "input_ids": np.ones((1, CHUNK), np.int64),
+        "position_ids": np.arange(CHUNK, dtype=np.int64)[None],
+        "batch_index": np.array([[1]], np.int64),
+        "comp_ctx_lengths": np.zeros(8, np.int64),
+        "logits": np.zeros((1, 1, VOCAB), np.float32),
+        "past_key.0_RetainedState": np.zeros_like(kv),
+        "past_value.0_RetainedState": np.zeros_like(kv),
+    }
+    out = s.run({**inputs, "past_key.0": kv, "past_value.0": kv})
+    np.testing.assert_array_equal(kv, before)
+    assert not np.array_equal(out["past_key.0_RetainedState"][1, :, :CHUNK], before[1, :, :CHUNK])
+    supplied = out["past_key.0_RetainedState"].copy()
+    # The next run reads the held state (no KV supplied) and writes position CHUNK in place.
+    s.skip_buffers(["past_key.0", "past_value.0"])
+    out = s.run({**inputs, "position_ids": np.array([[CHUNK, -1, -1, -1]], np.int64)})
+    kept = out["past_key.0_RetainedState"]
+    np.testing.assert_array_equal(kept[:, :, :CHUNK], supplied[:, :, :CHUNK])
+    np.testing.assert_array_equal(kept[0], supplied[0])
+    assert not np.array_equal(kept[1, :, CHUNK], supplied[1, :, CHUNK])
+    s.deactivate()
+
+
 def test_compute_context_length_is_charged_per_specialization(qpc: Path) -> None:
     manifest, _ = qpcfile.read_manifest(qpcfile.find_program(qpc))
     costs = {(spec.name, spec.symbols["comp_ctx_lengths"]): spec.cost for spec in manifest.specs}

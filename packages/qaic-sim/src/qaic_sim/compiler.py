@@ -89,6 +89,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
         activation_bytes=_activation_bytes(bindings, spec_dims, retained),
         argv=opts.argv,
         source_model=str(opts.model.resolve()),
+        in_place=tuple(sorted(kv_ops.in_place_state(model, retained))),
     )
     manifest = _with_costs(manifest, model, opts.model)
     extra = {layout.SPECIALIZATIONS_FILE: _specs_json(specs).encode()}

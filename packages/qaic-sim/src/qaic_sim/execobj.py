@@ -279,6 +279,7 @@ class ExecObj:
                 state[region] = arr
                 program.store_state(b, state)
         feeds: dict[str, np.ndarray] = {}
+        in_place: dict[str, np.ndarray] = {}
         for b in image.inputs:
             given = self._arrays[b.index]
             if given is not None:
@@ -291,8 +292,11 @@ class ExecObj:
                     )
                 arr = program.state_array(b, spec.dims[b.index])
             gdt = image.graph_dtypes[b.name]
-            feeds[b.name] = arr if arr.dtype == gdt else arr.astype(gdt)
-        results = session.run(image.output_names, feeds)
+            feed = arr if arr.dtype == gdt else arr.astype(gdt)
+            feeds[b.name] = feed
+            if given is None and b.name in image.in_place and program.holds(b, feed):
+                in_place[image.retained[b.name]] = feed
+        results = run_session(session, image.output_names, feeds, in_place)
         out_results: list[np.ndarray | None] = [None] * len(image.bindings)
         for b, value in zip(image.outputs, results, strict=True):
             base = image.retained_out.get(b.name)
@@ -353,3 +357,31 @@ class ExecObj:
                     message=self.lastError if status != QStatus.SUCCESS else "",
                 )
             )
+
+
+def run_session(
+    session: Any, names: list[str], feeds: dict[str, np.ndarray], in_place: dict[str, np.ndarray]
+) -> list[np.ndarray]:
+    """Run the onnxruntime session; outputs named in ``in_place`` are written into the given arrays.
+
+    Those are retained-state outputs whose inputs are the held state itself (``ProgramImage.in_place``):
+    the device kernels' scatter then updates the state where it lies, as the card's retained state
+    does, instead of writing a copy of the whole cache each run.
+    """
+    if not in_place:
+        return list(session.run(names, feeds))
+    binding = session.io_binding()
+    for name, arr in feeds.items():
+        binding.bind_cpu_input(name, arr)
+    for name in names:
+        target = in_place.get(name)
+        if target is None:
+            binding.bind_output(name, "cpu")
+        else:
+            binding.bind_output(name, "cpu", 0, target.dtype, list(target.shape), target.ctypes.data)
+    session.run_with_iobinding(binding)
+    values = binding.get_outputs()
+    return [
+        in_place[name] if name in in_place else value.numpy()
+        for name, value in zip(names, values, strict=True)
+    ]

@@ -45,6 +45,7 @@ class ProgramImage:
         self._lock = threading.Lock()
         self._session: Any = None
         self.graph_dtypes: dict[str, np.dtype] = {}
+        self.in_place = frozenset(self.manifest.in_place)
         self._times: dict[tuple[int, SkuType, int, int, str | None], float] = {}
         self._costs: tuple[ProgramCost, ...] | None = None
 

@@ -253,6 +253,40 @@ _BUILDERS = {
 """The known ops by name and formal inputs (as both exporters write them), and their fast bodies."""
 
 
+def in_place_state(model: onnx.ModelProto, retained: dict[str, str]) -> frozenset[str]:
+    """Retained-state inputs the device kernels may update in place.
+
+    An input qualifies when its only reader is a device-kernel scatter (a known ``CtxScatter[CB]``
+    signature, which the simulated compiler always replaces) taking it as ``data`` and writing the
+    matching ``..._RetainedState`` output (``Shape`` nodes, which read no values, may read it too):
+    nothing reads the old cache's values after the write, so the run may bind that output to the
+    input's memory.
+    """
+    scatters = {
+        f.name
+        for f in model.functions
+        if f.domain == KV_OPS_DOMAIN and _BUILDERS.get((f.name, tuple(f.input))) is scatter_function
+    }
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, i))
+    found = set()
+    for name, out in retained.items():
+        users = [(node, i) for node, i in readers.get(name, []) if node.op_type != "Shape"]
+        if len(users) != 1:
+            continue
+        node, i = users[0]
+        if (
+            i == 0
+            and node.domain == KV_OPS_DOMAIN
+            and node.op_type in scatters
+            and list(node.output) == [out]
+        ):
+            found.add(name)
+    return frozenset(found)
+
+
 @contextmanager
 def device_kernels(model: onnx.ModelProto) -> Iterator[set[str]]:
     """Within the block the known KV functions have the device's bodies; the originals come back after.

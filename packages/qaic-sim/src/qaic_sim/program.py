@@ -299,6 +299,10 @@ class Program:
             arr = grown
         return arr
 
+    def holds(self, b: Binding, arr: np.ndarray) -> bool:
+        """``arr`` is the retained state of input ``b`` as held, writable in place (C-contiguous)."""
+        return self.state.get(b.name) is arr and arr.flags.c_contiguous and arr.flags.writeable
+
     def store_state(self, b: Binding, value: np.ndarray) -> None:
         """Keep ``value`` as the retained state of input ``b`` in the device's storage format."""
         m = self.image.manifest

@@ -63,6 +63,8 @@ class ProgramManifest:
     activation_bytes: int
     argv: tuple[str, ...]
     source_model: str
+    in_place: tuple[str, ...] = ()
+    """Retained-state inputs whose runs may write the new state into the old one's memory."""
 
     @property
     def dram_bytes(self) -> int:
@@ -103,6 +105,7 @@ class ProgramManifest:
             },
             "argv": list(self.argv),
             "source_model": self.source_model,
+            "in_place": list(self.in_place),
         }
 
     @classmethod
@@ -150,6 +153,7 @@ class ProgramManifest:
             activation_bytes=int(mem["activation_bytes"]),
             argv=tuple(data.get("argv", ())),
             source_model=str(data.get("source_model", "")),
+            in_place=tuple(data.get("in_place", ())),
         )
 
 
