@@ -12,6 +12,7 @@ from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 
 from qaic_core.errors import QaicConfigError
+from qaic_core.settings import CompileSettings
 from qaic_vllm import pooling_config
 from qaic_vllm.overrides import read_override
 from qaic_vllm.pooling_config import PoolingEngine, pooling_settings, pooling_task, set_aside
@@ -88,6 +89,15 @@ def test_a_generation_engine_refuses_pooling_keys() -> None:
     with pytest.raises(QaicConfigError, match="--runner pooling"):
         set_aside(engine_config({"pooling_device": "cpu"}, runner="generate"))
     set_aside(engine_config({"pooling_device": None}, runner="generate"))  # left off: accepted
+
+
+def test_a_pooling_engine_refuses_compute_context_lengths() -> None:
+    """CCL sizes a causal LM's KV reads; a pooling program has no KV cache, so the keys are refused."""
+    config = engine_config({"embed_seq_len": [128]})
+    set_aside(config)
+    for settings in (CompileSettings(ccl_enabled=True), CompileSettings(comp_ctx_lengths_decode=(64, 128))):
+        with pytest.raises(QaicConfigError, match=r"ccl_enabled .*drop those keys"):
+            pooling_config.configure_pooling(config, settings)
 
 
 @pytest.mark.parametrize(

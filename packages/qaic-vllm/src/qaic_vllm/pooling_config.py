@@ -258,6 +258,12 @@ def check_pooling(vllm_config: VllmConfig, path: ExecutionPath) -> None:
 def configure_pooling(vllm_config: VllmConfig, settings: CompileSettings) -> None:
     """Engine settings of a pooling model: whole prompts, as many as the compiled batch, per step."""
     global _engine
+    if settings.ccl:
+        raise QaicConfigError(
+            "compute-context lengths (override_qaic_config ccl_enabled / comp_ctx_lengths_prefill / "
+            "comp_ctx_lengths_decode) apply to a causal LM's KV cache; a pooling model keeps none: "
+            "drop those keys, and size the sequences with embed_seq_len"
+        )
     pooling = pooling_settings(vllm_config)
     task = pooling_task(vllm_config)
     parallel = vllm_config.parallel_config
