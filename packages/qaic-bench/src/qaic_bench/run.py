@@ -54,9 +54,12 @@ class Runner:
         model: Path,
         dtype: str = "float16",
         vs_vllm_cpu: bool = False,
+        parts: frozenset[str] | None = None,
     ) -> None:
         self.s = settings
         self.vs_vllm_cpu = vs_vllm_cpu
+        self.parts = parts
+        """Report keys to measure (``--parts``); None: every part."""
         self.out = out_dir
         self.work = out_dir / "work"
         self.model = model
@@ -329,6 +332,9 @@ class Runner:
                 ("vs_vllm_cpu", "11. vLLM's CPU backend side by side (unpaced)", self.part_vs_vllm_cpu)
             )
         for key, title, fn in parts:
+            if self.parts is not None and key not in self.parts:
+                self.report.errors[key] = "not run: not among --parts"
+                continue
             with self.part(key, title):
                 fn()
         for key in (
