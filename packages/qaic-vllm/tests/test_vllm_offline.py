@@ -63,30 +63,19 @@ def steps() -> Iterator[StepRecorder]:
     pm.unregister(name="test-step-recorder")
 
 
-def _engine(tiny_model: Path, **kwargs: Any) -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
     """An in-process engine (no engine-core subprocess) whose runner reports to ``steps``."""
     import vllm.envs
     from vllm import LLM
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        engine = LLM(model=str(tiny_model), seed=0, **ENGINE_ARGS, **kwargs)
+        engine = LLM(model=str(tiny_model), seed=0, **ENGINE_ARGS)
         yield engine
         del engine
         gc.collect()
     vllm.envs.disable_envs_cache()  # the engine froze vLLM's env reads; later tests set their own
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
-    """An in-process engine (no engine-core subprocess) whose runner reports to ``steps``."""
-    yield from _engine(tiny_model)
-
-
-@pytest.fixture(scope="module")
-def sync_llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
-    """The same engine stepping synchronously, for tests that look at what each step holds."""
-    yield from _engine(tiny_model, async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +105,12 @@ def test_greedy_matches_transformers_beyond_the_batch(
 
 
 def test_long_prefill_interleaves_with_decodes(
-    sync_llm: Any, prompts: list[list[int]], hf_greedy: Callable[..., list[int]], steps: StepRecorder
+    llm: Any, prompts: list[list[int]], hf_greedy: Callable[..., list[int]], steps: StepRecorder
 ) -> None:
-    # Step by step: with asynchronous scheduling a decode waits for the step in flight, so a chunk
-    # can run in a step of its own.
     long_prompt = (prompts[1] * 4)[:150]
     batch = [prompts[0], prompts[2], prompts[4], long_prompt]
     steps.steps.clear()
-    outs = sync_llm.generate(as_prompts(batch), greedy(30))
+    outs = llm.generate(as_prompts(batch), greedy(30))
     for prompt, out in zip(batch, outs, strict=True):
         assert list(out.outputs[0].token_ids) == hf_greedy(prompt, 30)
     log = [(record.decode_rows, record.prefill_tokens) for record in steps.steps]

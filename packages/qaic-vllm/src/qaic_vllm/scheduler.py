@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from vllm.outputs import RequestError
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
@@ -28,8 +29,14 @@ from qaic_vllm.runner_output import QaicRunnerOutput
 log = logging.getLogger("qaic.vllm.scheduler")
 
 
-class QaicScheduler(Scheduler):
-    """At most ``prefill_seq_len`` prefill tokens per step; one prompt at a time unless several short ones fit."""
+class QaicScheduler(AsyncScheduler):
+    """At most ``prefill_seq_len`` prefill tokens per step; one prompt at a time unless several short ones fit.
+
+    Under asynchronous scheduling it is vLLM's AsyncScheduler: the tokens the step in flight will
+    sample are placeholders, so the next step's decodes are scheduled before that step's output comes
+    back (the runner finishes the step in flight before it plans the next). Otherwise it steps as
+    vLLM's plain Scheduler.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -37,6 +44,12 @@ class QaicScheduler(Scheduler):
         shapes = engine_prefill_shapes(self.vllm_config)
         self.prefill_batch = shapes.batch_size
         self.prefill_batch_seq_len = shapes.batch_seq_len
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        if self.scheduler_config.async_scheduling:
+            super()._update_after_schedule(scheduler_output)
+        else:
+            Scheduler._update_after_schedule(self, scheduler_output)
 
     def _prefill_seq_len(self) -> int:
         return int(self.scheduler_config.long_prefill_token_threshold) or int(self.max_model_len)
