@@ -71,7 +71,8 @@ def compile_argv(argv: Sequence[str]) -> Path:
     with kv_ops.device_kernels(model):
         model_bytes = model.SerializeToString()
     _check_executable(model_bytes, opts.model)
-    spec_dims = [_spec_dims(model, inputs, outputs, s) for s in specs]
+    probe = _OutputProbe(model_bytes)
+    spec_dims = [_spec_dims(model, inputs, outputs, s, probe) for s in specs]
     bindings = _bindings(inputs, outputs, spec_dims, precisions, retained)
     manifest = ProgramManifest(
         bindings=tuple(bindings),
@@ -269,11 +270,54 @@ def _resolve(v: onnx.ValueInfoProto, symbols: dict[str, int]) -> list[int] | Non
     return dims
 
 
+class _OutputProbe:
+    """Output shapes of one run on zero-filled inputs, for graphs whose shapes inference cannot size.
+
+    QEfficient gathers the logits rows with ``Range`` over a batch size computed from a shape, which
+    ONNX's inference does not evaluate (the real compiler folds it). A run of the executable graph gives
+    the shapes exactly; the onnxruntime session is made once, on first use.
+    """
+
+    def __init__(self, model_bytes: bytes) -> None:
+        self._model_bytes = model_bytes
+        self._session: object | None = None
+
+    def __call__(
+        self, inputs: list[onnx.ValueInfoProto], dims: list[tuple[int, ...]], spec: Specialization
+    ) -> dict[str, tuple[int, ...]]:
+        import onnxruntime as ort
+
+        if self._session is None:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            opts.intra_op_num_threads = 1
+            self._session = ort.InferenceSession(self._model_bytes, opts, providers=["CPUExecutionProvider"])
+        session = self._session
+        assert isinstance(session, ort.InferenceSession)
+        feeds = {
+            v.name: np.zeros(d, dtype=onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
+            for v, d in zip(inputs, dims, strict=True)
+        }
+        start = time.perf_counter()
+        try:
+            results = session.run(None, feeds)
+        except Exception as exc:  # onnxruntime raises several unrelated types
+            log.warning("sizing the outputs of %r by a run failed: %s", spec.name, exc)
+            return {}
+        log.info(
+            "sized the outputs of %r by one run on zeros (%.2fs): shape inference left them unknown",
+            spec.name,
+            time.perf_counter() - start,
+        )
+        return {o.name: tuple(np.shape(r)) for o, r in zip(session.get_outputs(), results, strict=True)}
+
+
 def _spec_dims(
     model: onnx.ModelProto,
     inputs: list[onnx.ValueInfoProto],
     outputs: list[onnx.ValueInfoProto],
     spec: Specialization,
+    probe: _OutputProbe | None = None,
 ) -> list[tuple[int, ...]]:
     dims: list[tuple[int, ...]] = []
     for v in inputs:
@@ -284,10 +328,16 @@ def _spec_dims(
     inferred: dict[str, onnx.ValueInfoProto] = {}
     if pending:
         inferred = _infer_outputs(model, inputs, dims, spec)
+    unsized = [
+        o for o in pending if o.name not in inferred or _resolve(inferred[o.name], spec.symbols) is None
+    ]
+    ran = probe(inputs, dims, spec) if unsized and probe is not None else {}
     for o in outputs:
         resolved = _resolve(o, spec.symbols)
         if resolved is None and o.name in inferred:
             resolved = _resolve(inferred[o.name], spec.symbols)
+        if resolved is None and o.name in ran:
+            resolved = list(ran[o.name])
         if resolved is None:
             raise QaicConfigError(
                 f"cannot determine the shape of output {o.name!r} for specialization {spec.name!r}: "
