@@ -272,8 +272,10 @@ class CausalLM:
     def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> LogitsHandle:
         """Start one full-batch decode; rows maps slot -> (token_id, position); wait() gives slot -> logits.
 
-        A speculative target program has only the K+1-token decode: each token goes in its row's first
-        column and the rest is padding (position -1).
+        A speculative target program has only the K+1-token decode: each token goes in its row's last
+        column and the rest is padding (position -1), so its logits are the last row whichever way the
+        program picks its K+1 rows (QEfficient's start at 0 when the last real token is in column <= K,
+        ours end at the last real token).
         """
         fbs = self.full_batch_size
         ids = np.zeros((fbs, self.decode_seq_len), np.int64)
@@ -286,8 +288,8 @@ class CausalLM:
                 for slot, (_, position) in rows.items():  # the first offender, named
                     self.check_slot(slot)
                     self._check_positions(position, f"the sequence in slot {slot}")
-            ids[index, 0] = values[:, 0]
-            pos[index, 0] = values[:, 1]
+            ids[index, -1] = values[:, 0]
+            pos[index, -1] = values[:, 1]
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._decode_batch_index
@@ -308,7 +310,8 @@ class CausalLM:
 
         rows maps slot -> (token_ids, position of the first); wait() gives slot -> logits
         [len(token_ids), vocab], one row per token. Needs a program compiled with
-        ``num_speculative_tokens`` K.
+        ``num_speculative_tokens`` K. The tokens end in the last column, padding (position -1) before
+        them, as in :meth:`submit_decode`.
         """
         fbs, width = self.full_batch_size, self.decode_seq_len
         ids = np.zeros((fbs, width), np.int64)
@@ -323,8 +326,8 @@ class CausalLM:
                     f"(num_speculative_tokens + 1): compile with a larger --num-speculative-tokens"
                 )
             self._check_positions(start + n - 1, f"the sequence in slot {slot}")
-            ids[slot, :n] = tokens
-            pos[slot, :n] = np.arange(start, start + n)
+            ids[slot, width - n :] = tokens
+            pos[slot, width - n :] = np.arange(start, start + n)
             counts[slot] = n
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
