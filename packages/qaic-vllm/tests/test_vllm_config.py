@@ -48,6 +48,15 @@ def test_register_needs_an_available_backend(monkeypatch: pytest.MonkeyPatch) ->
     assert qaic_vllm.register() == qaic_vllm.register() == "qaic_vllm.platform.QaicPlatform"
 
 
+def test_the_mode_is_known_outside_an_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qaic_vllm.platform import QaicPlatform
+
+    monkeypatch.delenv("VLLM_QAIC_EXECUTION_MODE", raising=False)
+    assert QaicPlatform.is_aot_inference() is True  # no current vLLM config: no torch_qaic, so aot
+    monkeypatch.setenv("VLLM_QAIC_EXECUTION_MODE", "pyt")
+    assert QaicPlatform.is_aot_inference() is False
+
+
 def test_static_shape_settings(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.config import CompilationMode
 

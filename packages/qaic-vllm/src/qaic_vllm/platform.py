@@ -133,10 +133,14 @@ class QaicPlatform(Platform):
 
     @classmethod
     def is_aot_inference(cls) -> bool:
-        """Whether the engine runs compiled programs (vllm-qaic's name); False on the eager path."""
-        from vllm.config import get_current_vllm_config
+        """Whether the engine runs compiled programs (vllm-qaic's name); False on the eager path.
 
-        return execution_path_of(get_current_vllm_config()) == "aot"
+        Outside an engine (no current config, as in vllm-qaic's test collection) the variable and
+        ``torch_qaic`` decide.
+        """
+        from vllm.config.vllm import get_current_vllm_config_or_none
+
+        return execution_path_of(get_current_vllm_config_or_none()) == "aot"
 
     @classmethod
     def update_block_size_for_backend(cls, vllm_config: VllmConfig) -> None:
