@@ -140,6 +140,66 @@ def _symbolic_inference() -> Any:
     return module.SymbolicShapeInference
 
 
+def _shapes_by_run(
+    model: onnx.ModelProto,
+    symbols: Mapping[str, int],
+    inferred: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...] | None],
+) -> dict[str, tuple[int, ...]]:
+    """Shapes of the unsized contraction operands, from one onnxruntime run of ``model`` on zero inputs.
+
+    Only values of the top-level graph can be read back (a function's inner values have no name there).
+    """
+    import onnxruntime as ort
+
+    graph = model.graph
+    produced = {name for node in graph.node for name in node.output}
+    declared = {o.name for o in graph.output}
+    types = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    wanted = [
+        name
+        for node in inferred.graph.node
+        if node.op_type in ("MatMul", "Gemm", "Einsum")
+        for name in [*node.input[:2], node.output[0]]
+        if shapes.get(name) is None and name in produced and name in types
+    ]
+    wanted = list(dict.fromkeys(wanted))
+    if not wanted:
+        return {}
+    inits = {i.name for i in graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    for value in graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        dims = [
+            int(d.dim_value) if d.HasField("dim_value") else int(symbols[d.dim_param])
+            for d in tensor.shape.dim
+        ]
+        feeds[value.name] = np.zeros(dims, dtype=helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    extra = []
+    for name in wanted:
+        if name in declared:
+            continue
+        value = onnx.ValueInfoProto()
+        value.CopyFrom(types[name])
+        value.type.tensor_type.ClearField("shape")
+        extra.append(value)
+    count = len(graph.output)
+    graph.output.extend(extra)
+    try:
+        data = model.SerializeToString()
+    finally:
+        del graph.output[count:]
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1
+    session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    results = session.run(wanted, feeds)
+    log.debug("sized %d contraction operands by one run on zero inputs", len(wanted))
+    return {name: tuple(np.shape(r)) for name, r in zip(wanted, results, strict=True)}
+
+
 def _contractions_sized(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...] | None]) -> bool:
     """Whether every MatMul/Gemm/Einsum operand and output has a static shape."""
     return all(
@@ -229,8 +289,14 @@ def onnx_cost(
         # ONNX's own inference stops at index arithmetic (Range, Expand of computed shapes) inside the
         # KV functions; onnxruntime's symbolic inference evaluates it.
         log.debug("onnx shape inference left matmul shapes unknown; using onnxruntime symbolic inference")
-        inferred = _symbolic_inference().infer_shapes(inlined, auto_merge=True, guess_output_rank=True)
-        shapes = _shapes(inferred)
+        try:
+            inferred = _symbolic_inference().infer_shapes(inlined, auto_merge=True, guess_output_rank=True)
+            shapes = _shapes(inferred)
+        except Exception as exc:  # its assertions and sympy errors have many types
+            log.debug("onnxruntime symbolic inference failed: %r", exc)
+    if not _contractions_sized(inferred, shapes):
+        # Some graphs defeat both (QEfficient's attention without continuous batching): one run sizes them.
+        shapes.update(_shapes_by_run(model, symbols, inferred, shapes))
     graph = inferred.graph
     inits = {i.name: (tuple(i.dims), i.data_type) for i in model.graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
