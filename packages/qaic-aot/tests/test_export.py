@@ -267,6 +267,23 @@ def test_an_export_written_elsewhere_is_moved_to_the_requested_path(
     assert moved.SerializeToString() == original.SerializeToString()
 
 
+def test_qefficients_export_folder_is_removed_once_moved(tmp_path: Path) -> None:
+    from qaic_aot.export.qeff import discard_export
+
+    entry = tmp_path / "entry"
+    produced = entry / "qefficient-export-0123" / "LlamaForCausalLM.onnx"
+    produced.parent.mkdir(parents=True)
+    produced.write_bytes(b"onnx")
+    (produced.parent / "hashed_export_params.json").write_text("{}")
+    outside = tmp_path / "elsewhere" / "model.onnx"
+    outside.parent.mkdir()
+    outside.write_bytes(b"onnx")
+    discard_export(outside, entry / "model.onnx")  # not inside the entry: left alone
+    assert outside.exists()
+    discard_export(produced, entry / "model.onnx")
+    assert not produced.parent.exists() and entry.exists()
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "gpt2"])
 def test_model_facts_agree_with_the_decoder_spec(
     arch: str, tiny_model_factory: Callable[[str], Path]

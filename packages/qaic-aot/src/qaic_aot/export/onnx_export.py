@@ -22,7 +22,12 @@ from qaic_aot.export.families import (
     export_route,
     model_facts,
 )
-from qaic_aot.export.qeff import export_with_qefficient, qefficient_available, relocate_onnx
+from qaic_aot.export.qeff import (
+    discard_export,
+    export_with_qefficient,
+    qefficient_available,
+    relocate_onnx,
+)
 from qaic_aot.export.traced.families import TRACED_FAMILIES, check_traceable
 from qaic_aot.export.weights import WeightSource, load_weights, weight_files
 from qaic_aot.model_files import config_path
@@ -93,6 +98,7 @@ def export_onnx(
         out_path.parent.mkdir(parents=True, exist_ok=True)
         produced = export_with_qefficient(model_dir, out_path.parent / "qefficient-export", settings)
         onnx_path = relocate_onnx(produced, out_path, _save)
+        discard_export(produced, onnx_path)
         graph = onnx.load(str(onnx_path), load_external_data=False).graph
         facts = model_facts(config)
         return contract.ExportResult(

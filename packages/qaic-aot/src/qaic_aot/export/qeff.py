@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,3 +51,16 @@ def relocate_onnx(produced: Path, out_path: Path, save: Callable[[onnx.ModelProt
     save(model, out_path, weight_bytes)
     logger.info("moved QEfficient's export %s to %s", produced, out_path)
     return out_path
+
+
+def discard_export(produced: Path, out_path: Path) -> None:
+    """Remove QEfficient's own export folder once its ONNX is re-saved at ``out_path``.
+
+    It holds a second copy of the weights (and QEfficient's hashed parameters), which would otherwise
+    stay in the cache entry next to ``out_path``. Only a folder inside ``out_path``'s folder is removed.
+    """
+    folder, home = produced.resolve().parent, out_path.resolve().parent
+    if folder == home or home not in folder.parents:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    logger.info("removed QEfficient's export folder %s", folder)
