@@ -1,17 +1,19 @@
 """End to end with QEfficient installed: its exporter writes the ONNX, the simulator compiles and runs it.
 
 QEfficient is not on the package index CI installs from, so this module is skipped there; it runs in
-any environment where ``import QEfficient`` works (docs/aot.md, "QEfficient's exporter"). Each case
+any environment where ``import QEfficient`` works (docs/aot.md, "QEfficient's exporter, checked end to end"). Each case
 exports a tiny random Llama with ``QEFFAutoModelForCausalLM`` (the default exporter when QEfficient is
 importable), compiles it with the simulated ``qaic-compile`` and checks greedy tokens against
 transformers, token for token: through our ``CausalLM`` (continuous batching with more prompts than
-slots, one sequence at a time, a speculative target), and through QEfficient's own
-``cloud_ai_100_exec_kv`` over the simulator's ``qaicrt``.
+slots, one sequence at a time, a speculative target), through QEfficient's own
+``cloud_ai_100_exec_kv`` over the simulator's ``qaicrt``, and through QEfficient's whole flow
+(``export``, ``compile`` with the simulated compiler in place of the SDK's binary, ``generate``).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -125,5 +127,40 @@ def test_qefficients_own_generation_runs_the_program_on_the_simulator(
     )
     generated = np.asarray(out.generated_ids)
     for row, text in zip(generated, texts, strict=True):
+        expected = ref.greedy(list(ref.tokenizer(text)["input_ids"]), MAX_NEW_TOKENS)
+        assert [int(t) for t in row[: len(expected)]] == expected, text
+
+
+def test_qefficients_own_export_compile_and_generate_on_the_simulator(
+    ref: HFReference, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QEfficient's whole flow, with the simulated ``qaic-compile`` in place of the SDK's binary."""
+    from QEfficient import QEFFAutoModelForCausalLM
+    from QEfficient.generation import cloud_infer
+    from QEfficient.utils import constants
+
+    from qaic_sim import aicapi, qaicrt
+
+    # The SDK's compiler is a fixed path (/opt/qti-aic/exec/qaic-compile); the simulator's takes its flags.
+    monkeypatch.setattr(constants, "COMPILER", [sys.executable, "-m", "qaic_sim.cli", "compile", "-aic-hw"])
+    monkeypatch.setattr(cloud_infer, "qaicrt", qaicrt, raising=False)
+    monkeypatch.setattr(cloud_infer, "aicapi", aicapi, raising=False)
+    monkeypatch.setattr(cloud_infer, "is_qaicrt_imported", True)
+    monkeypatch.setattr(cloud_infer, "is_aicapi_imported", True, raising=False)
+
+    model = QEFFAutoModelForCausalLM.from_pretrained(str(model_dir), continuous_batching=True)
+    onnx_path = model.export(export_dir=str(tmp_path / "export"))
+    qpc = model.compile(
+        onnx_path=str(onnx_path),
+        compile_dir=str(tmp_path / "compile"),
+        prefill_seq_len=8,
+        ctx_len=64,
+        full_batch_size=4,
+        num_cores=1,
+    )  # QEfficient's defaults: -convert-to-fp16, float16 KV cache
+    assert (Path(qpc) / "programqpc.bin").is_file() or (Path(qpc) / "qpc" / "programqpc.bin").is_file()
+    texts = ["Hello world!", "The quick brown fox", "Paris.", "Once upon a time there was"]
+    out: Any = model.generate(tokenizer=ref.tokenizer, prompts=texts, generation_len=MAX_NEW_TOKENS)
+    for row, text in zip(np.asarray(out.generated_ids), texts, strict=True):
         expected = ref.greedy(list(ref.tokenizer(text)["input_ids"]), MAX_NEW_TOKENS)
         assert [int(t) for t in row[: len(expected)]] == expected, text
