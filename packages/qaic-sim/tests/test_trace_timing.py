@@ -123,6 +123,38 @@ def test_pace_as_sleeps_for_the_modelled_time(kv: Path, monkeypatch: pytest.Monk
     assert perf.deviceTimeS == pytest.approx(3 * modelled)
 
 
+def test_paced_runs_of_one_program_take_the_device_one_after_another(
+    kv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two exec objects enqueued at once on two queues: the second run's modelled time starts when the
+    first has finished (the device runs one execution at a time), so the pair takes both times."""
+    monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")
+    reset_machine()
+    ctx = qaicrt.Context()
+    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(kv)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    pairs = [(qaicrt.Queue(ctx, 0), qaicrt.ExecObj(ctx, program)) for _ in range(2)]
+    for i, (_queue, exe) in enumerate(pairs):
+        exe.setData(
+            [
+                (0, np.ones((2, 1, D), np.float32)),
+                (1, np.array([[i], [i]])),
+                (2, np.array([[0], [1]])),
+                (4, np.zeros((2, D), np.float32)),
+            ]
+        )
+    start = time.perf_counter()
+    for queue, exe in pairs:
+        assert queue.enqueue(exe) == QStatus.SUCCESS
+    for _queue, exe in pairs:
+        assert exe.waitForCompletion() == QStatus.SUCCESS
+    wall = time.perf_counter() - start
+    modelled = [exe.lastDeviceTimeS for _queue, exe in pairs]
+    assert min(modelled) > 0.005
+    assert wall >= sum(modelled)
+    program.unload()
+
+
 def test_pace_as_must_name_a_preset_or_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(QaicConfigError, match="neither a preset"):
         load_config({"QAIC_SIM_PACE_AS": "llama-99b"})

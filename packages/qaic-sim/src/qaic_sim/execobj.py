@@ -231,7 +231,9 @@ class ExecObj:
                 raise self._set_error
             program.check_runnable()
             with program.run_lock:
-                status, spec, device_time = self._run(start)
+                # The device runs one program execution at a time: the modelled time of this run
+                # starts once the one before it has finished, not when it was enqueued.
+                status, spec, device_time = self._run(time.perf_counter())
         except Failure as exc:
             status, spec, device_time = self._fail(exc), -1, 0.0
         except Exception as exc:
