@@ -296,7 +296,11 @@ def onnx_cost(
             log.debug("onnxruntime symbolic inference failed: %r", exc)
     if not _contractions_sized(inferred, shapes):
         # Some graphs defeat both (QEfficient's attention without continuous batching): one run sizes them.
-        shapes.update(_shapes_by_run(model, symbols, inferred, shapes))
+        try:
+            shapes.update(_shapes_by_run(model, symbols, inferred, shapes))
+        except Exception as exc:  # a run on zero inputs can fail (a zero in a Reshape's shape input)
+            # The check below then names the contraction that stayed unsized, and the fix.
+            log.debug("sizing contractions by a run on zero inputs failed: %r", exc)
     graph = inferred.graph
     inits = {i.name: (tuple(i.dims), i.data_type) for i in model.graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
