@@ -34,8 +34,8 @@ def parse_mos(value: Any, what: str) -> int | None:
     return None if n == -1 else n
 
 
-def parse_device_ids(value: Any, what: str) -> tuple[int, ...]:
-    """Device ids from ``"0,1"``, ``"[0, 1]"``, ``[0, 1]`` or one id (vllm-qaic's forms)."""
+def _int_list(value: Any, what: str, kind: str, example: str) -> tuple[int, ...]:
+    """Whole numbers from ``"a,b"``, ``"[a, b]"``, ``[a, b]`` or one number, in the order given."""
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
     parts = value.strip().strip("[]()").split(",") if isinstance(value, str) else value
@@ -43,34 +43,23 @@ def parse_device_ids(value: Any, what: str) -> tuple[int, ...]:
         return tuple(int(str(v).strip()) for v in parts if str(v).strip())
     except (TypeError, ValueError):
         raise QaicConfigError(
-            f"{what} {value!r} is not a list of device ids: write it as '0,1' or [0, 1]"
+            f"{what} {value!r} is not a list of {kind}: write it as '{example}' or [{example.replace(',', ', ')}]"
         ) from None
+
+
+def parse_device_ids(value: Any, what: str) -> tuple[int, ...]:
+    """Device ids from ``"0,1"``, ``"[0, 1]"``, ``[0, 1]`` or one id (vllm-qaic's forms)."""
+    return _int_list(value, what, "device ids", "0,1")
 
 
 def parse_lengths(value: Any, what: str) -> tuple[int, ...]:
     """Token counts from ``"32,64"``, ``"[32, 64]"``, ``[32, 64]`` or one number; sorted, no repeats."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    parts = value.strip().strip("[]()").split(",") if isinstance(value, str) else value
-    try:
-        return tuple(sorted({int(str(v).strip()) for v in parts if str(v).strip()}))
-    except (TypeError, ValueError):
-        raise QaicConfigError(
-            f"{what} {value!r} is not a list of lengths: write it as '32,64' or [32, 64]"
-        ) from None
+    return tuple(sorted(set(_int_list(value, what, "lengths", "32,64"))))
 
 
 def parse_length_list(value: Any, what: str) -> tuple[int, ...]:
     """Lengths from ``"32,64"``, ``"[32, 64]"``, ``[32, 64]`` or one number, in the order given."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    parts = value.strip().strip("[]()").split(",") if isinstance(value, str) else value
-    try:
-        return tuple(int(str(v).strip()) for v in parts if str(v).strip())
-    except (TypeError, ValueError):
-        raise QaicConfigError(
-            f"{what} {value!r} is not a list of lengths: write it as '4096,8192' or [4096, 8192]"
-        ) from None
+    return _int_list(value, what, "lengths", "4096,8192")
 
 
 def vendor_flag(piece: str) -> str | None:
