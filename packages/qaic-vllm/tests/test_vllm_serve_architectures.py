@@ -8,35 +8,18 @@ than a prefill chunk, so continuous batching and chunked prefill are both exerci
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 
 import openai
 import pytest
-from test_vllm_architectures import ARCHS
+from test_vllm_architectures import ARCHS, _aot_models
 from vllm_server import VllmServer
 
 pytestmark = pytest.mark.serve
 
 MAX_TOKENS = 6
 SLOTS = 2
-
-
-def _aot_models() -> ModuleType:
-    """qaic-aot's tiny model builders, loaded by path (both test folders have a conftest module)."""
-    name = "qaic_aot_test_models"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).parents[2] / "qaic-aot" / "tests" / "models.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("arch", ARCHS)
