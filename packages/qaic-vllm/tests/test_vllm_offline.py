@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,28 +55,44 @@ class StepRecorder(Observer):
         return [self]
 
 
-@pytest.fixture(scope="module")
-def steps() -> Iterator[StepRecorder]:
+@contextmanager
+def registered_recorder(name: str) -> Iterator[StepRecorder]:
+    """A StepRecorder registered with the process's plugin manager while the block runs."""
     recorder = StepRecorder()
     pm = get_plugin_manager()
-    pm.register(recorder, name="test-step-recorder")
-    yield recorder
-    pm.unregister(name="test-step-recorder")
+    pm.register(recorder, name=name)
+    try:
+        yield recorder
+    finally:
+        pm.unregister(name=name)
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
-    """An in-process engine (no engine-core subprocess) whose runner reports to ``steps``."""
+@contextmanager
+def in_process_llm(model: Path, engine_args: dict[str, Any]) -> Iterator[Any]:
+    """An in-process engine (no engine-core subprocess); its runner reports to registered observers."""
     import vllm.envs
     from vllm import LLM
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        engine = LLM(model=str(tiny_model), seed=0, **ENGINE_ARGS)
+        engine = LLM(model=str(model), seed=0, **engine_args)
         yield engine
         del engine
         gc.collect()
     vllm.envs.disable_envs_cache()  # the engine froze vLLM's env reads; later tests set their own
+
+
+@pytest.fixture(scope="module")
+def steps() -> Iterator[StepRecorder]:
+    with registered_recorder("test-step-recorder") as recorder:
+        yield recorder
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
+    """An in-process engine whose runner reports to ``steps``."""
+    with in_process_llm(tiny_model, ENGINE_ARGS) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm_offline import StepRecorder, as_prompts, greedy, worker_of
+from test_vllm_offline import StepRecorder, as_prompts, greedy, in_process_llm, registered_recorder, worker_of
 
-from qaic_core import get_plugin_manager
 from qaic_core.execution import BATCHED_PREFILL
 from qaic_vllm.prefill import auto_lengths, prefill_shapes
 
@@ -40,25 +38,14 @@ def test_automatic_prefill_shapes() -> None:
 
 @pytest.fixture(scope="module")
 def steps() -> Iterator[StepRecorder]:
-    recorder = StepRecorder()
-    pm = get_plugin_manager()
-    pm.register(recorder, name="test-prefill-step-recorder")
-    yield recorder
-    pm.unregister(name="test-prefill-step-recorder")
+    with registered_recorder("test-prefill-step-recorder") as recorder:
+        yield recorder
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
-    import vllm.envs
-    from vllm import LLM
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        engine = LLM(model=str(tiny_model), seed=0, **ENGINE_ARGS)
+    with in_process_llm(tiny_model, ENGINE_ARGS) as engine:
         yield engine
-        del engine
-        gc.collect()
-    vllm.envs.disable_envs_cache()
 
 
 def test_the_program_has_the_prefill_shapes(llm: Any) -> None:
