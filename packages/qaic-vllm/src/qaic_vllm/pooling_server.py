@@ -49,11 +49,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 def add_to_parser(parser: Any) -> None:
     """Make :data:`MIDDLEWARE` part of the default of ``--middleware`` (an ``append`` option)."""
-    for action in getattr(parser, "_actions", []):
-        if "--middleware" in action.option_strings:
-            default = list(action.default or [])
-            if MIDDLEWARE not in default:
-                action.default = [MIDDLEWARE, *default]
+    default = list(parser.get_default("middleware") or [])
+    if MIDDLEWARE not in default:
+        parser.set_defaults(middleware=[MIDDLEWARE, *default])
 
 
 def refusal(scope: Scope) -> str | None:
