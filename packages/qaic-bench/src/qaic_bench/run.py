@@ -141,7 +141,10 @@ class Runner:
         """transformers ``generate`` on the unpaced run's prompt lengths, batch and output length."""
         unpaced = self.results.get("serve_unpaced")
         if unpaced is None:
-            raise RuntimeError("the unpaced serve run did not complete, so there is nothing to compare with")
+            raise RuntimeError(
+                "the unpaced serve run (part 5) did not complete, so there is nothing to compare with; "
+                "with --parts, include 5 whenever 3 is chosen"
+            )
         hf = run_in_child(
             "hf",
             {
