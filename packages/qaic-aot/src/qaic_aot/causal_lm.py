@@ -147,9 +147,8 @@ class CausalLM:
             if self._keeps_logits:
                 default = self._keep_decode if decode else self._keep_prefill
                 inputs["num_logits_to_keep"] = self._keep_by_shape.get((rows, width), default)
-            if self._ccl_by_shape:
-                lengths = self._ccl_by_shape.get((rows, width), self._all_ccls)
-                length = ccl.covering(lengths, int(inputs["position_ids"].max()))
+            length = self.compute_context_length(rows, width, int(inputs["position_ids"].max()))
+            if length is not None:
                 inputs[COMP_CTX_LENGTHS] = self._ccl_arrays[length]
         return inputs
 
