@@ -6,10 +6,11 @@ per-step token budget, so prompts run in several chunks beside the decodes of ot
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from eager_models import ARCHITECTURES, CONFIGS, HFGreedy, build_tiny_model
@@ -26,14 +27,42 @@ TEXTS = [
 NEW_TOKENS = 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def in_process() -> Iterator[None]:
-    import vllm.envs
+# vLLM runs several families (Gemma, OLMo 2, ...) through its Transformers backend, which decorates
+# transformers' own model classes for the life of the process. Each engine therefore runs in a child
+# process, so later tests in this process build and run those families with transformers unchanged.
+_CHILD = """
+import json, sys
+from vllm import LLM, SamplingParams
+args = json.loads(sys.argv[1])
+llm = LLM(
+    model=args["model"],
+    seed=0,
+    dtype="float32",
+    max_model_len=256,
+    max_num_seqs=4,
+    max_num_batched_tokens=24,
+    additional_config={"execution_mode": "pyt"},
+)
+outs = llm.generate(
+    [{"prompt_token_ids": p} for p in args["prompts"]],
+    SamplingParams(max_tokens=args["new_tokens"], temperature=0.0, ignore_eos=True),
+)
+print("TOKENS " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        yield
-    vllm.envs.disable_envs_cache()
+
+def _vllm_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    args = json.dumps({"model": str(model_dir), "prompts": prompts, "new_tokens": new_tokens})
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, args], env=env, capture_output=True, text=True, timeout=900
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("TOKENS ")]
+    assert done.returncode == 0 and lines, (
+        f"the engine failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+    )
+    tokens: list[list[int]] = json.loads(lines[-1].removeprefix("TOKENS "))
+    return tokens
 
 
 def test_every_listed_architecture_has_a_tiny_model_here() -> None:
@@ -44,31 +73,12 @@ def test_every_listed_architecture_has_a_tiny_model_here() -> None:
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
 def test_greedy_tokens_equal_transformers(arch: str, models_root: Path) -> None:
     from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
 
     model_dir = build_tiny_model(arch, models_root)
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tok(t)["input_ids"] for t in TEXTS]
-    # The references first: vLLM's Transformers backend (Gemma, OLMo 2) rewires transformers' classes.
     ref = HFGreedy(model_dir)
     expected = [ref(p, NEW_TOKENS) for p in prompts]
-    del ref
-    llm: Any = LLM(
-        model=str(model_dir),
-        seed=0,
-        dtype="float32",
-        max_model_len=256,
-        max_num_seqs=4,
-        max_num_batched_tokens=24,
-        additional_config={"execution_mode": "pyt"},
-    )
-    try:
-        outs = llm.generate(
-            [{"prompt_token_ids": p} for p in prompts],
-            SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
-        )
-        for prompt, want, out in zip(prompts, expected, outs, strict=True):
-            assert list(out.outputs[0].token_ids) == want, (arch, len(prompt))
-    finally:
-        del llm
-        gc.collect()
+    got = _vllm_greedy(model_dir, prompts, NEW_TOKENS)
+    for prompt, want, tokens in zip(prompts, expected, got, strict=True):
+        assert tokens == want, (arch, len(prompt))
