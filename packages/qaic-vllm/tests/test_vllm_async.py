@@ -9,8 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from test_vllm_offline import TEXTS, as_prompts, worker_of
+
+from qaic_core import get_plugin_manager, hookimpl
+from qaic_core.observe import Observer
 
 ENGINE_ARGS: dict[str, Any] = {
     "max_model_len": 128,
@@ -21,14 +25,49 @@ ENGINE_ARGS: dict[str, Any] = {
 }
 
 
-def _generate(model: Path, async_scheduling: bool, prompts: list[Any], params: list[Any]) -> list[Any]:
+class InFlightAtUpdate(Observer):
+    """At each of vLLM's ``update_from_output`` calls: how many device runs were handed over and not yet waited for."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.seen: list[int] = []
+
+    def run_submitted(self, inputs: Any, exec_index: int, seconds: float) -> None:
+        self.in_flight += 1
+
+    def run_waited(self, exec_index: int, seconds: float) -> None:
+        self.in_flight -= 1
+
+    def phase(self, name: str, seconds: float) -> None:
+        if name == "update":
+            self.seen.append(self.in_flight)
+
+    @hookimpl
+    def qaic_observers(self) -> list[Observer]:
+        return [self]
+
+
+def _generate(
+    model: Path,
+    async_scheduling: bool,
+    prompts: list[Any],
+    params: list[Any],
+    runs: InFlightAtUpdate | None = None,
+) -> list[Any]:
     import vllm.envs
     from vllm import LLM
 
+    pm = get_plugin_manager()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         mp.delenv("QAIC_ASYNC_SCHEDULING", raising=False)  # the engine argument alone decides
-        llm = LLM(model=str(model), seed=0, async_scheduling=async_scheduling, **ENGINE_ARGS)
+        if runs is not None:
+            pm.register(runs, name="test-in-flight")
+        try:
+            llm = LLM(model=str(model), seed=0, async_scheduling=async_scheduling, **ENGINE_ARGS)
+        finally:
+            if runs is not None:
+                pm.unregister(name="test-in-flight")
         try:
             assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling is async_scheduling
             assert worker_of(llm).runner.async_scheduling is async_scheduling
@@ -76,6 +115,24 @@ def test_async_scheduling_gives_the_same_output(
     overlapped = _generate(tiny_model, True, prompts, params)
     assert overlapped == sync
     assert all(len(tokens) > 0 for out in sync for tokens, _, _ in out)
+
+
+def test_the_device_runs_the_next_step_while_vllm_updates_from_the_last(tiny_model: Path) -> None:
+    """With asynchronous scheduling the next step's run is on the device (handed over, not yet waited
+    for) when vLLM's scheduler takes in the previous step's output; one step at a time, never."""
+    from vllm import SamplingParams
+
+    prompts = as_prompts([list(range(5, 5 + n)) for n in (6, 9, 4)])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    counts = {}
+    for async_scheduling in (False, True):
+        runs = InFlightAtUpdate()
+        _generate(tiny_model, async_scheduling, prompts, [params] * len(prompts), runs)
+        counts[async_scheduling] = np.asarray(runs.seen)
+    assert counts[False].size > 20 and not counts[False].any()
+    # Every update but the last few (the queue drains at the end) finds the next run on the device.
+    overlapped = counts[True]
+    assert overlapped.size > 20 and (overlapped >= 1).mean() > 0.8, overlapped.tolist()
 
 
 # -- when it is on ---------------------------------------------------------------------------------------

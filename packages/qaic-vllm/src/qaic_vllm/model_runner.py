@@ -209,13 +209,15 @@ class SlotModelRunner:
     def launch(self, plan: StepPlan) -> LaunchedStep:
         """Start the step's device work; the last run is left in flight (``finish()`` waits for it).
 
-        The decode goes first; with ``overlap`` it stays in flight while the prefill runs go out one
-        after another on the other exec object.
+        The decode goes first and stays in flight: while the prefill runs go out one after another
+        on the other exec object when the model claims ``overlap``, and while the host goes on (a
+        decode-only step under asynchronous scheduling returns with its run on the device).
+        Without ``overlap`` it is waited for before the first prefill run.
         """
         step = LaunchedStep(self, plan)
         if plan.decode:
             step.decode = self._submit_decode(plan)
-            if not (self.overlap and plan.prefill):
+            if plan.prefill and not self.overlap:
                 step.take_decode()
         runs = self.prefill_runs(plan)
         try:

@@ -103,6 +103,18 @@ class QaicScheduler(AsyncScheduler):
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
+        """vLLM's update from a step's output, reported to the observers as the ``update`` phase."""
+        if not self.observers:
+            return self._update_from_output(scheduler_output, model_runner_output)
+        start = time.perf_counter()
+        try:
+            return self._update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self.observers.phase("update", time.perf_counter() - start)
+
+    def _update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
         """A step the device failed: its requests end with the cause, or go back to be computed again."""
         failed = model_runner_output.failed if isinstance(model_runner_output, QaicRunnerOutput) else {}
         recompute = isinstance(model_runner_output, QaicRunnerOutput) and model_runner_output.recompute
