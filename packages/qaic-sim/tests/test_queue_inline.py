@@ -25,9 +25,9 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     execute = ExecObj.execute
 
-    def recording(self: ExecObj, queue_id: int = 0) -> Any:
+    def recording(self: ExecObj, queue_id: int = 0, enqueued: float | None = None) -> Any:
         seen.append(threading.current_thread().name)
-        return execute(self, queue_id)
+        return execute(self, queue_id, enqueued)
 
     monkeypatch.setattr(ExecObj, "execute", recording)
     return seen

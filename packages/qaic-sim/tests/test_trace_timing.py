@@ -161,3 +161,34 @@ def test_pace_as_must_name_a_preset_or_file(monkeypatch: pytest.MonkeyPatch, tmp
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(PACE_PRESETS["opt-2.7b"]))
     assert load_config({"QAIC_SIM_PACE_AS": str(cfg), "QAIC_SIM_PACE": "1"}).pace
+
+
+def test_a_paced_run_starts_on_the_device_when_it_is_enqueued(
+    kv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A card starts a run when the host enqueues it; the simulator's queue thread picking it up later
+    (it waits for the host's interpreter) does not make the device idle. Enqueued long ago on an idle
+    device, a run is already over once computed; enqueued now, it lasts its modelled time."""
+    monkeypatch.setenv("QAIC_SIM_PACE_AS", "llama-2-7b")
+    reset_machine()
+    ctx = qaicrt.Context()
+    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(kv)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    exe = qaicrt.ExecObj(ctx, program)
+    walls = []
+    for step, enqueued_ago in enumerate((60.0, 0.0)):
+        exe.setData(
+            [
+                (0, np.ones((2, 1, D), np.float32)),
+                (1, np.array([[step], [step]])),
+                (2, np.array([[0], [1]])),
+                (4, np.zeros((2, D), np.float32)),
+            ]
+        )
+        start = time.perf_counter()
+        assert exe.execute(0, enqueued=start - enqueued_ago) == QStatus.SUCCESS
+        walls.append(time.perf_counter() - start)
+    modelled = exe.lastDeviceTimeS
+    assert modelled > 0.05
+    assert walls[0] < modelled / 2 <= modelled <= walls[1]
+    program.unload()

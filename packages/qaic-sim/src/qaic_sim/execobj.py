@@ -221,9 +221,9 @@ class ExecObj:
         return exc.status
 
     # -- execution -----------------------------------------------------------------------
-    def execute(self, queue_id: int = 0) -> QStatus:
-        """Run once with the bound buffers (called on a queue thread)."""
-        start = time.perf_counter()
+    def execute(self, queue_id: int = 0, enqueued: float | None = None) -> QStatus:
+        """Run once with the bound buffers (called on a queue thread, ``enqueued`` the host's enqueue time)."""
+        start = time.perf_counter() if enqueued is None else enqueued
         program = self.program
         self.lastError = ""
         try:
@@ -232,8 +232,10 @@ class ExecObj:
             program.check_runnable()
             with program.run_lock:
                 # The device runs one program execution at a time: the modelled time of this run
-                # starts once the one before it has finished, not when it was enqueued.
-                status, spec, device_time = self._run(time.perf_counter())
+                # starts when it was enqueued, or once the one before it has finished if that is
+                # later. The queue thread picking the run up late (it waits for the host's
+                # interpreter) is the simulator's own delay, which a card's enqueue does not have.
+                status, spec, device_time = self._run(max(start, program.device_free_at))
         except Failure as exc:
             status, spec, device_time = self._fail(exc), -1, 0.0
         except Exception as exc:
@@ -331,6 +333,7 @@ class ExecObj:
             remaining = device_time - (time.perf_counter() - start)
             if remaining > 0:
                 time.sleep(remaining)
+        program.device_free_at = time.perf_counter()
         return QStatus.SUCCESS, k, device_time
 
     def _account(

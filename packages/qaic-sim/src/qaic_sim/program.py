@@ -105,6 +105,8 @@ class Program:
         self.lastError = ""
         self.state: dict[str, Any] = {}
         self.run_lock = threading.Lock()
+        self.device_free_at = 0.0
+        """``perf_counter`` time the program's last run ended (paced runs: its modelled end)."""
         self._held = {"nsp": 0, "dram": 0}
         self._finalizer: weakref.finalize | None = None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -136,10 +137,11 @@ class Queue:
                 )
             devices = list(exe.program.devices)
             machine.queued(devices, 1)
+            enqueued = time.perf_counter()
 
             def run() -> QStatus:
                 try:
-                    return exe.execute(self.id)
+                    return exe.execute(self.id, enqueued)
                 finally:  # before the result is set, so a caller woken by it may run inline at once
                     machine.queued(devices, -1)
 
