@@ -192,3 +192,39 @@ def test_a_paced_run_starts_on_the_device_when_it_is_enqueued(
     assert modelled > 0.05
     assert walls[0] < modelled / 2 <= modelled <= walls[1]
     program.unload()
+
+
+def test_a_trace_without_run_dirs_shows_queued_runs_one_after_another_on_the_device(
+    kv: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two runs enqueued at once: their host spans start together, their device spans one after the other."""
+    monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")
+    reset_machine()
+    ctx = qaicrt.Context()
+    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(kv)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    pairs = [(qaicrt.Queue(ctx, 0), qaicrt.ExecObj(ctx, program)) for _ in range(2)]
+    for i, (_queue, exe) in enumerate(pairs):
+        exe.setData(
+            [
+                (0, np.ones((2, 1, D), np.float32)),
+                (1, np.array([[i], [i]])),
+                (2, np.array([[0], [1]])),
+                (4, np.zeros((2, D), np.float32)),
+            ]
+        )
+    get_machine().trace.start(tmp_path / "t", run_dirs=False)
+    for queue, exe in pairs:
+        assert queue.enqueue(exe) == QStatus.SUCCESS
+    for _queue, exe in pairs:
+        assert exe.waitForCompletion() == QStatus.SUCCESS
+    path = get_machine().trace.stop()
+    program.unload()
+    assert path is not None and not [p for p in (tmp_path / "t").iterdir() if p.is_dir()]
+    spans = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    host = sorted((e for e in spans if e["cat"] == "host"), key=lambda e: e["ts"])
+    device = sorted((e for e in spans if e["cat"] == "device"), key=lambda e: e["ts"])
+    assert len(host) == len(device) == 2
+    assert device[0]["dur"] > 5000  # µs
+    assert device[1]["ts"] >= device[0]["ts"] + device[0]["dur"]
+    assert host[1]["ts"] < device[0]["ts"] + device[0]["dur"]  # enqueued while the first was running

@@ -226,6 +226,7 @@ class ExecObj:
         start = time.perf_counter() if enqueued is None else enqueued
         program = self.program
         self.lastError = ""
+        device_start = start
         try:
             if self._set_error is not None:
                 raise self._set_error
@@ -235,7 +236,8 @@ class ExecObj:
                 # starts when it was enqueued, or once the one before it has finished if that is
                 # later. The queue thread picking the run up late (it waits for the host's
                 # interpreter) is the simulator's own delay, which a card's enqueue does not have.
-                status, spec, device_time = self._run(max(start, program.device_free_at))
+                device_start = max(start, program.device_free_at)
+                status, spec, device_time = self._run(device_start)
         except Failure as exc:
             status, spec, device_time = self._fail(exc), -1, 0.0
         except Exception as exc:
@@ -245,7 +247,7 @@ class ExecObj:
                 0.0,
             )
         wall = time.perf_counter() - start
-        self._account(status, spec, device_time, start, wall, queue_id)
+        self._account(status, spec, device_time, start, wall, queue_id, device_start)
         self._status = status
         return status
 
@@ -337,7 +339,14 @@ class ExecObj:
         return QStatus.SUCCESS, k, device_time
 
     def _account(
-        self, status: QStatus, spec: int, device_time: float, start: float, wall: float, queue: int
+        self,
+        status: QStatus,
+        spec: int,
+        device_time: float,
+        start: float,
+        wall: float,
+        queue: int,
+        device_start: float,
     ) -> None:
         self.lastDeviceTimeS = device_time
         for dev in self.program.devices:
@@ -360,6 +369,7 @@ class ExecObj:
                     queue=queue,
                     exec_obj=self.id,
                     message=self.lastError if status != QStatus.SUCCESS else "",
+                    device_start_s=device_start,
                 )
             )
 

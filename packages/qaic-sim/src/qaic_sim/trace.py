@@ -1,7 +1,8 @@
 """Per-run traces in the runtime's layout plus a Chrome/Perfetto ``trace.json``.
 
 While tracing is on, run ``n`` writes ``<dir>/lrt_trace_<n>/summary.json``, and stopping (or exit)
-writes ``<dir>/trace.json`` with one host event and one device event per run. Each machine has one
+writes ``<dir>/trace.json`` with one host event (from the enqueue to the end of the run) and one
+device event (the modelled run, from when the device started it) per run. Each machine has one
 :class:`Tracer`; turn it on with ``QAIC_SIM_TRACE_DIR``, the ``trace_dir`` config key, or
 ``get_machine().trace.start(dir)`` / ``.stop()`` (vLLM's profiler writes one
 ``lrt_trace_iter{N}_pid{P}`` directory per profiled span through the backend's ``trace`` control).
@@ -41,13 +42,16 @@ class RunRecord:
     bytes_out: int = 0
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    device_start_s: float | None = None
+    """When the device started the run (``start_s`` is when the host enqueued it); None: at ``start_s``."""
 
 
 class TraceRecorder:
     """Writes the per-run directories and collects Chrome trace events."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, run_dirs: bool = True) -> None:
         self.root = Path(root)
+        self.run_dirs = run_dirs
         self.root.mkdir(parents=True, exist_ok=True)
         self.count = 0
         self.events: list[dict[str, Any]] = []
@@ -60,10 +64,12 @@ class TraceRecorder:
         with self._lock:
             self.count += 1
             n = self.count
-            run_dir = self.root / f"lrt_trace_{n}"
-            run_dir.mkdir(exist_ok=True)
-            (run_dir / "summary.json").write_text(json.dumps({"run": n, **asdict(run)}, indent=1))
+            if self.run_dirs:
+                run_dir = self.root / f"lrt_trace_{n}"
+                run_dir.mkdir(exist_ok=True)
+                (run_dir / "summary.json").write_text(json.dumps({"run": n, **asdict(run)}, indent=1))
             ts = (run.start_s - self.origin) * 1e6
+            device_ts = ts if run.device_start_s is None else (run.device_start_s - self.origin) * 1e6
             args = {"run": n, "status": run.status, "specialization": run.specialization, "qids": run.qids}
             for qid in run.qids:
                 self._thread_names(qid)
@@ -72,7 +78,7 @@ class TraceRecorder:
                      "dur": run.wall_s * 1e6, "pid": self.pid, "tid": 2 * qid, "args": args}
                 )  # fmt: skip
                 self.events.append(
-                    {"name": f"device {run.specialization}", "cat": "device", "ph": "X", "ts": ts,
+                    {"name": f"device {run.specialization}", "cat": "device", "ph": "X", "ts": device_ts,
                      "dur": run.device_time_s * 1e6, "pid": self.pid, "tid": 2 * qid + 1, "args": args}
                 )  # fmt: skip
             if n % FLUSH_EVERY == 0:
@@ -108,9 +114,13 @@ class Tracer:
         self._lock = threading.Lock()
         self._recorder: TraceRecorder | None = None
 
-    def start(self, directory: str | os.PathLike[str]) -> TraceRecorder:
-        """Begin tracing every run into ``directory`` (stopping any earlier trace)."""
-        recorder = TraceRecorder(Path(directory))
+    def start(self, directory: str | os.PathLike[str], run_dirs: bool = True) -> TraceRecorder:
+        """Begin tracing every run into ``directory`` (stopping any earlier trace).
+
+        ``run_dirs=False`` keeps only ``trace.json`` (no ``lrt_trace_<n>`` directory per run), so
+        tracing adds little to each run's host time.
+        """
+        recorder = TraceRecorder(Path(directory), run_dirs)
         with self._lock:
             self._trace_dir = None  # an explicit trace replaces the configured one
             previous, self._recorder = self._recorder, recorder
