@@ -246,3 +246,29 @@ def test_parts_are_chosen_by_their_numbers() -> None:
     assert part_keys("2, 10,11") == {"host_overhead_us", "device_load", "vs_vllm_cpu"}
     with pytest.raises(ValueError, match="no part '12'"):
         part_keys("1,12")
+
+
+def test_decode_waits_are_the_device_gaps_between_decode_runs(tmp_path: Path) -> None:
+    from qaic_bench.load import decode_waits
+    from qaic_sim.trace import RunRecord, TraceRecorder
+
+    recorder = TraceRecorder(tmp_path, run_dirs=False)
+    t0 = recorder.origin
+
+    def run(name: str, enqueued: float, device_start: float, end: float) -> None:
+        recorder.record(
+            RunRecord(
+                program="p", specialization=name, spec_index=0, qids=[0], status=0,
+                start_s=t0 + enqueued, wall_s=end - enqueued, device_time_s=end - device_start,
+                queue=1, exec_obj=1, device_start_s=t0 + device_start,
+            )
+        )  # fmt: skip
+
+    run("Decode", 0.000, 0.000, 0.010)
+    run("Decode", 0.0105, 0.0105, 0.020)  # 500 µs after the first ended
+    run("Decode", 0.019, 0.020, 0.030)  # enqueued before the device was free: no wait
+    run("Prefill", 0.031, 0.031, 0.040)  # a prefill between two decodes: not a decode gap
+    run("Decode", 0.041, 0.041, 0.050)
+    waits = decode_waits(recorder.close())
+    assert waits == pytest.approx([500.0, 0.0], abs=1e-3)
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -134,10 +134,11 @@ def test_device_load_and_vs_vllm_cpu_sections() -> None:
         "busy_fraction": {"async": 0.97, "sync": 0.91},
         "tok_s": {"async": 120.5, "sync": 112.25},
         "idle_us_per_step": {"async": 41.0, "sync": 480.4},
+        "decode_wait_us": {"async": {"median": 350.2, "p90": 612.0, "count": 90}, "sync": None},
         "padding_waste": {"prefill": 1.25, "decode": 1.0},
     }
     text = render_markdown(report)
-    assert "| async | 0.970 | 120.50 |" in text and "| prefill | 1.250 |" in text
+    assert "| async | 0.970 | 120.50 | 41 | 350 | 612 |" in text and "| prefill | 1.250 |" in text
     assert "| sync | 0.910 | 112.25 | 480 |" in text
     assert "Not run: add `--vs-vllm-cpu`" in text
     figures = {"output_throughput": 1400.0, "median_ttft_ms": 20.0, "median_tpot_ms": 2.5}

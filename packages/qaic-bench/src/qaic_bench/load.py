@@ -5,8 +5,11 @@ report's pacing model, and generates the serve workload (same prompt and output 
 and batch) once with asynchronous scheduling and once without. The device's modelled busy time
 comes from the runtime's performance counters (``Util.getPerformanceInfo``: ``deviceTimeS`` summed
 over the QIDs) before and after; ``busy_fraction`` is that time over the wall time of the
-generation, and ``idle_us_per_step`` the wall time the device was not busy, per runner step: the
-host work the device waited for. Padding waste comes from the runner's step records (the ``qaic_observers`` hook):
+generation, and ``idle_us_per_step`` the wall time the device was not busy, per runner step (the
+start and the end of the workload included). ``decode_wait_us``: from the simulator's trace of the
+run (``trace.json`` only), the time the device stood idle between one decode run's end and the next
+decode run's start, median and 90th percentile over the workload: the host work between two decode
+steps the device waits for (sampling the last step, preparing and handing over the next). Padding waste comes from the runner's step records (the ``qaic_observers`` hook):
 token positions the device computed over the tokens the requests needed, for prefill (chunks
 padded to their compiled length, a batched prefill's empty rows) and decode (every KV slot of a
 full-batch decode, busy or not) separately; 1.0 means no padding.
@@ -14,7 +17,11 @@ full-batch decode, busy or not) separately; 1.0 means no padding.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,29 @@ class StepTotals(Observer):
         }
 
 
+def decode_waits(trace_json: Path) -> list[float]:
+    """Microseconds the device stood idle between consecutive decode runs, from a simulator ``trace.json``.
+
+    A run's device span starts when the device started it; it ends when the run finished (the end of
+    its host span: the modelled time, or the simulator's compute if that took longer).
+    """
+    events = json.loads(trace_json.read_text())["traceEvents"]
+    runs: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            runs.setdefault(e["args"]["run"], {})[e["cat"]] = e
+    spans = sorted(
+        (r["device"]["ts"], r["host"]["ts"] + r["host"]["dur"], r["device"]["name"])
+        for r in runs.values()
+        if "device" in r and "host" in r
+    )
+    return [
+        max(start - end, 0.0)
+        for (_, end, before), (start, _, after) in itertools.pairwise(spans)
+        if "decode" in before.lower() and "decode" in after.lower()
+    ]
+
+
 def paced_load(
     model_dir: Path,
     shape: ServeShape,
@@ -78,11 +108,17 @@ def paced_load(
         llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)  # type: ignore[arg-type]
         prompts = [{"prompt_token_ids": p} for p in random_prompts([input_len] * num_prompts, vocab, seed=1)]
         totals.steps.clear()
+        from qaic_sim.machine import get_machine
+
+        trace_dir = Path(tempfile.mkdtemp(prefix="qaic-bench-load-"))
+        get_machine().trace.start(trace_dir, run_dirs=False)
         device0 = device_seconds()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
         wall = time.perf_counter() - t0
         device = device_seconds() - device0
+        trace_json = get_machine().trace.stop()
+    waits = decode_waits(trace_json) if trace_json is not None else []
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {
         "async_scheduling": async_scheduling,
@@ -92,6 +128,13 @@ def paced_load(
         "busy_fraction": round(device / wall, 3) if wall > 0 else None,
         # What the device waits for per step: host work not hidden behind its runs.
         "idle_us_per_step": round((wall - device) / len(totals.steps) * 1e6, 1) if totals.steps else None,
+        "decode_wait_us": {
+            "median": round(statistics.median(waits), 1),
+            "p90": round(statistics.quantiles(waits, n=10)[-1], 1) if len(waits) > 1 else waits[0],
+            "count": len(waits),
+        }
+        if waits
+        else None,
         "padding_waste": totals.waste(),
         "steps": len(totals.steps),
     }

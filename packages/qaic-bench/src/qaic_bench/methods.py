@@ -119,7 +119,10 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             f"`{s.pace_as}`, with asynchronous scheduling (vLLM's default) and without. Busy "
             "fraction: the modelled device time the runtime's counters gained (`Util.getPerformanceInfo`) "
             "over the wall time; device idle µs per step: the wall time the device was not busy over the "
-            "runner's steps (host work not hidden behind the device). Padding waste: token positions the device computed over those the "
+            "runner's steps (host work not hidden behind the device, the workload's start and end "
+            "included); device wait between decode runs: from the simulator's trace, the time from one "
+            "decode run's end to the next decode run's start on the device (sampling the last step, "
+            "preparing and handing over the next), median and 90th percentile. Padding waste: token positions the device computed over those the "
             "requests needed, from the runner's step records (prefill chunks padded to their compiled "
             "length; every KV slot of a full-batch decode)."
         ),

@@ -189,10 +189,25 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
     if key == "device_load":
         busy, tok_s, waste = value["busy_fraction"], value["tok_s"], value["padding_waste"]
         idle = value.get("idle_us_per_step") or {}
+        waits = value.get("decode_wait_us") or {}
+
+        def wait(name: str, key: str) -> Any:
+            return (waits.get(name) or {}).get(key)
+
         lines = _table(
-            ["scheduling", "device busy fraction", "output tok/s", "device idle µs per step"],
-            [[name, busy[name], tok_s[name], idle.get(name)] for name in sorted(busy)],
-            digits=(0, 3, 2, 0),
+            [
+                "scheduling",
+                "device busy fraction",
+                "output tok/s",
+                "device idle µs per step",
+                "device wait between decode runs, µs (median)",
+                "(p90)",
+            ],
+            [
+                [name, busy[name], tok_s[name], idle.get(name), wait(name, "median"), wait(name, "p90")]
+                for name in sorted(busy)
+            ],
+            digits=(0, 3, 2, 0, 0, 0),
         )
         return [
             *lines,

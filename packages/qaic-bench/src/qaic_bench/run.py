@@ -256,6 +256,7 @@ class Runner:
             "busy_fraction": {name: run["busy_fraction"] for name, run in runs.items()},
             "tok_s": {name: run["tok_s"] for name, run in runs.items()},
             "idle_us_per_step": {name: run.get("idle_us_per_step") for name, run in runs.items()},
+            "decode_wait_us": {name: run.get("decode_wait_us") for name, run in runs.items()},
             "padding_waste": runs["async"]["padding_waste"],
         }
 
