@@ -28,4 +28,5 @@ def fresh_topology(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(name, raising=False)
     reset_machine()
     yield
+    monkeypatch.undo()  # the test's environment first, so the next machine is built from the real one
     reset_machine()
