@@ -30,6 +30,7 @@ from qaic_bench.eager import device_seconds
 from qaic_bench.host import observing
 from qaic_bench.server import ServeShape
 from qaic_bench.stack import random_prompts
+from qaic_core import get_plugin_manager
 from qaic_core.observe import Observer, StepRecord
 
 
@@ -108,16 +109,16 @@ def paced_load(
         llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)  # type: ignore[arg-type]
         prompts = [{"prompt_token_ids": p} for p in random_prompts([input_len] * num_prompts, vocab, seed=1)]
         totals.steps.clear()
-        from qaic_sim.machine import get_machine
-
-        trace_dir = Path(tempfile.mkdtemp(prefix="qaic-bench-load-"))
-        get_machine().trace.start(trace_dir, run_dirs=False)
+        # The backend's trace control (the simulator's: a Chrome trace with host and device spans).
+        trace = get_plugin_manager().select_device_backend().trace
+        if trace is not None:
+            trace.start(Path(tempfile.mkdtemp(prefix="qaic-bench-load-")), run_dirs=False)
         device0 = device_seconds()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
         wall = time.perf_counter() - t0
         device = device_seconds() - device0
-        trace_json = get_machine().trace.stop()
+        trace_json = trace.stop() if trace is not None else None
     waits = decode_waits(trace_json) if trace_json is not None else []
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {

@@ -18,8 +18,11 @@ FAULT_KINDS = frozenset({"reset", "timeout", "dev_error", "nomem"})
 class TraceControl(Protocol):
     """Records every device run of this process into a directory, one span at a time."""
 
-    def start(self, directory: str | os.PathLike[str]) -> None:
-        """Trace every run from now on into ``directory`` (stopping any earlier trace)."""
+    def start(self, directory: str | os.PathLike[str], run_dirs: bool = True) -> None:
+        """Trace every run from now on into ``directory`` (stopping any earlier trace).
+
+        ``run_dirs=False``: only the trace file, without a record per run (cheaper per run).
+        """
         ...
 
     def stop(self) -> Path | None:

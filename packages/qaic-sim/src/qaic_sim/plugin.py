@@ -66,10 +66,10 @@ def eager_device(request: EagerDeviceRequest) -> EagerDevice:
 class MachineTrace:
     """The ``trace`` control: tracing of the current simulated machine (looked up per call)."""
 
-    def start(self, directory: str | os.PathLike[str]) -> None:
+    def start(self, directory: str | os.PathLike[str], run_dirs: bool = True) -> None:
         from qaic_sim.machine import get_machine
 
-        get_machine().trace.start(directory)
+        get_machine().trace.start(directory, run_dirs)
 
     def stop(self) -> Path | None:
         from qaic_sim.machine import get_machine
