@@ -123,11 +123,10 @@ def test_pace_as_sleeps_for_the_modelled_time(kv: Path, monkeypatch: pytest.Monk
     assert perf.deviceTimeS == pytest.approx(3 * modelled)
 
 
-def test_paced_runs_of_one_program_take_the_device_one_after_another(
+def _two_exec_objects(
     kv: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two exec objects enqueued at once on two queues: the second run's modelled time starts when the
-    first has finished (the device runs one execution at a time), so the pair takes both times."""
+) -> tuple[qaicrt.Program, list[tuple[qaicrt.Queue, qaicrt.ExecObj]]]:
+    """A paced program (as qwen2.5-0.5b) and two exec objects on their own queues, each with a decode bound."""
     monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")
     reset_machine()
     ctx = qaicrt.Context()
@@ -143,6 +142,15 @@ def test_paced_runs_of_one_program_take_the_device_one_after_another(
                 (4, np.zeros((2, D), np.float32)),
             ]
         )
+    return program, pairs
+
+
+def test_paced_runs_of_one_program_take_the_device_one_after_another(
+    kv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two exec objects enqueued at once on two queues: the second run's modelled time starts when the
+    first has finished (the device runs one execution at a time), so the pair takes both times."""
+    program, pairs = _two_exec_objects(kv, monkeypatch)
     start = time.perf_counter()
     for queue, exe in pairs:
         assert queue.enqueue(exe) == QStatus.SUCCESS
@@ -198,21 +206,7 @@ def test_a_trace_without_run_dirs_shows_queued_runs_one_after_another_on_the_dev
     kv: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Two runs enqueued at once: their host spans start together, their device spans one after the other."""
-    monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")
-    reset_machine()
-    ctx = qaicrt.Context()
-    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(kv)))
-    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
-    pairs = [(qaicrt.Queue(ctx, 0), qaicrt.ExecObj(ctx, program)) for _ in range(2)]
-    for i, (_queue, exe) in enumerate(pairs):
-        exe.setData(
-            [
-                (0, np.ones((2, 1, D), np.float32)),
-                (1, np.array([[i], [i]])),
-                (2, np.array([[0], [1]])),
-                (4, np.zeros((2, D), np.float32)),
-            ]
-        )
+    program, pairs = _two_exec_objects(kv, monkeypatch)
     get_machine().trace.start(tmp_path / "t", run_dirs=False)
     for queue, exe in pairs:
         assert queue.enqueue(exe) == QStatus.SUCCESS
