@@ -7,8 +7,11 @@ small plugin object with the process's plugin manager, so nothing it measures ha
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from types import TracebackType
 
 import numpy as np
 
@@ -73,3 +76,21 @@ class Observers(Observer):
     def step(self, record: StepRecord) -> None:
         for observer in self.observers:
             observer.step(record)
+
+    def timed(self, name: str) -> AbstractContextManager[object]:
+        """A block whose wall time is reported as phase ``name``, also when it raises (untimed without observers)."""
+        return _Phase(self, name) if self.observers else nullcontext()
+
+
+class _Phase:
+    def __init__(self, observers: Observers, name: str) -> None:
+        self.observers, self.name = observers, name
+        self.start = 0.0
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.observers.phase(self.name, time.perf_counter() - self.start)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -282,13 +281,8 @@ class SlotModelRunner:
         the device runs this one. The next ``execute_model`` first finishes this step (its sampled
         tokens are the next decode's inputs).
         """
-        if not self.observers:
+        with self.observers.timed("runner"):
             return self._step(so)
-        start = time.perf_counter()
-        try:
-            return self._step(so)
-        finally:
-            self.observers.phase("runner", time.perf_counter() - start)
 
     def _step(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         if not self.async_scheduling:
@@ -438,11 +432,7 @@ class SlotModelRunner:
         logits: dict[str, np.ndarray],
         grammar: GrammarOutput | None,
     ) -> ModelRunnerOutput:
-        if self.observers:
-            start = time.perf_counter()
-            sampled = self._sample(plan, logits, grammar)
-            self.observers.phase("sampling", time.perf_counter() - start)
-        else:
+        with self.observers.timed("sampling"):
             sampled = self._sample(plan, logits, grammar)
         index = {r: i for i, r in enumerate(req_ids)}
         tokens: list[list[int]] = [[] for _ in req_ids]

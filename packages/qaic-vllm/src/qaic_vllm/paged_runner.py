@@ -12,7 +12,6 @@ A preempted request is dropped and comes back as a new one to be recomputed, as 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -169,13 +168,8 @@ class PagedModelRunner:
     # -- steps --------------------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         """Run the step; None when structured output needs the grammar first (then ``sample_tokens``)."""
-        if not self.observers:
+        with self.observers.timed("runner"):
             return self._execute(so)
-        start = time.perf_counter()
-        try:
-            return self._execute(so)
-        finally:
-            self.observers.phase("runner", time.perf_counter() - start)
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         self.update_states(so)
@@ -204,10 +198,8 @@ class PagedModelRunner:
     def _output(
         self, step: PagedStep, logits: np.ndarray, grammar: GrammarOutput | None
     ) -> ModelRunnerOutput:
-        start = time.perf_counter()
-        sampled, logprobs = self._sample(step, logits, grammar)
-        if self.observers:
-            self.observers.phase("sampling", time.perf_counter() - start)
+        with self.observers.timed("sampling"):
+            sampled, logprobs = self._sample(step, logits, grammar)
         tokens = [sampled.get(req_id, []) for req_id in step.req_ids]
         return ModelRunnerOutput(
             req_ids=step.req_ids,

@@ -85,12 +85,8 @@ class PoolingModelRunner:
 
     # -- per step --------------------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        start = time.perf_counter()
-        try:
+        with self.observers.timed("runner"):
             return self._execute(so)
-        finally:
-            if self.observers:
-                self.observers.phase("runner", time.perf_counter() - start)
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in [*so.finished_req_ids, *(so.preempted_req_ids or ())]:

@@ -55,13 +55,8 @@ class QaicScheduler(AsyncScheduler):
         return int(self.scheduler_config.long_prefill_token_threshold) or int(self.max_model_len)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        if not self.observers:
+        with self.observers.timed("schedule"):
             return self._schedule(throttle_prefills)
-        start = time.perf_counter()
-        try:
-            return self._schedule(throttle_prefills)
-        finally:
-            self.observers.phase("schedule", time.perf_counter() - start)
 
     def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         prefill_seq_len = self._prefill_seq_len()
@@ -103,19 +98,8 @@ class QaicScheduler(AsyncScheduler):
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
-        """vLLM's update from a step's output, reported to the observers as the ``update`` phase."""
-        if not self.observers:
-            return self._update_from_output(scheduler_output, model_runner_output)
-        start = time.perf_counter()
-        try:
-            return self._update_from_output(scheduler_output, model_runner_output)
-        finally:
-            self.observers.phase("update", time.perf_counter() - start)
-
-    def _update_from_output(
-        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> dict[int, EngineCoreOutputs]:
-        """A step the device failed: its requests end with the cause, or go back to be computed again."""
+        """vLLM's update (the observers' ``update`` phase); a step the device failed: its requests
+        end with the cause, or go back to be computed again."""
         failed = model_runner_output.failed if isinstance(model_runner_output, QaicRunnerOutput) else {}
         recompute = isinstance(model_runner_output, QaicRunnerOutput) and model_runner_output.recompute
         if failed and not recompute:
@@ -125,7 +109,8 @@ class QaicScheduler(AsyncScheduler):
                     self.grammar_compile_error_reqs[req_id] = RequestError(
                         code="device_fault", message=message, retryable=True
                     )
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        with self.observers.timed("update"):
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
         if failed and recompute:
             self._recompute(failed)
         return outputs
