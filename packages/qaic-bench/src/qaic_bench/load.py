@@ -6,11 +6,12 @@ and batch) once with asynchronous scheduling and once without. The device's mode
 comes from the runtime's performance counters (``Util.getPerformanceInfo``: ``deviceTimeS`` summed
 over the QIDs) before and after; ``busy_fraction`` is that time over the wall time of the
 generation, and ``idle_us_per_step`` the wall time the device was not busy, per runner step (the
-start and the end of the workload included). ``decode_wait_us``: from the simulator's trace of the
-run (``trace.json`` only), the time the device stood idle between one decode run's end and the next
-decode run's start, median and 90th percentile over the workload: the host work between two decode
-steps the device waits for (sampling the last step, preparing and handing over the next). Padding waste comes from the runner's step records (the ``qaic_observers`` hook):
-token positions the device computed over the tokens the requests needed, for prefill (chunks
+start and the end of the workload included). ``decode_wait_us``: from a trace of the run taken
+through the backend's ``trace`` control (``trace.json`` only), the time the device stood idle
+between one decode run's end and the next decode run's start, median and 90th percentile over the
+workload: the host work between two decode steps the device waits for (sampling the last step,
+preparing and handing over the next). Padding waste comes from the runner's step records (the
+``qaic_observers`` hook): token positions the device computed over the tokens the requests needed, for prefill (chunks
 padded to their compiled length, a batched prefill's empty rows) and decode (every KV slot of a
 full-batch decode, busy or not) separately; 1.0 means no padding.
 """
@@ -111,15 +112,16 @@ def paced_load(
         totals.steps.clear()
         # The backend's trace control (the simulator's: a Chrome trace with host and device spans).
         trace = get_plugin_manager().select_device_backend().trace
-        if trace is not None:
-            trace.start(Path(tempfile.mkdtemp(prefix="qaic-bench-load-")), run_dirs=False)
-        device0 = device_seconds()
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
-        wall = time.perf_counter() - t0
-        device = device_seconds() - device0
-        trace_json = trace.stop() if trace is not None else None
-    waits = decode_waits(trace_json) if trace_json is not None else []
+        with tempfile.TemporaryDirectory(prefix="qaic-bench-load-") as trace_dir:
+            if trace is not None:
+                trace.start(trace_dir, run_dirs=False)
+            device0 = device_seconds()
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
+            wall = time.perf_counter() - t0
+            device = device_seconds() - device0
+            trace_json = trace.stop() if trace is not None else None
+            waits = decode_waits(trace_json) if trace_json is not None else []
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {
         "async_scheduling": async_scheduling,
