@@ -97,3 +97,21 @@ def test_a_mismatched_kv_cache_is_refused_with_the_fix(model: StepModel, prompt:
         model.write_slot_kv(1, SlotKV(4, short, "float32"))
     with pytest.raises(QaicConfigError, match="full-batch-size"):
         model.read_slot_kv(3, 4)
+
+
+def test_a_decode_prepared_before_its_tokens_are_known_equals_transformers(
+    model: StepModel, prompt: list[int], hf_next: Any
+) -> None:
+    first = _prefill(model, 1, prompt)
+    token = int(np.argmax(first))
+    # Built while another run is in flight on the decode's exec object: a prepared run holds none.
+    other = model.submit_decode({0: (token, 3)})
+    prepared = model.prepare_decode({1: len(prompt)})
+    other.wait()
+    rows = prepared.submit([token]).wait()
+    assert list(rows) == [1]
+    np.testing.assert_allclose(rows[1], hf_next([*prompt, token]), rtol=1e-4, atol=1e-4)
+    with pytest.raises(QaicConfigError, match="give one per slot"):
+        model.prepare_decode({1: len(prompt) + 1}).submit([token, token])
+    with pytest.raises(QaicConfigError, match="ctx_len"):
+        model.prepare_decode({1: model.shape.ctx_len})

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from qaic_aot.session import QAICInferenceSession, RunHandle
+from qaic_aot.session import PreparedRun, QAICInferenceSession, RunHandle
 from qaic_core import ccl
 from qaic_core.errors import QaicConfigError
+from qaic_core.execution import LogitRows
 from qaic_core.settings import CompileSettings
 
 log = logging.getLogger("qaic.aot.causal_lm")
@@ -39,6 +40,25 @@ class LogitsHandle:
 
     def wait(self) -> Any:
         return self._pick(self._run.wait() if self._run is not None else {})
+
+
+class PreparedDecodeRun:
+    """A full-batch decode with its positions set; ``submit(token_ids)`` writes the tokens and starts it."""
+
+    def __init__(self, run: PreparedRun, index: np.ndarray | None, slots: list[int]) -> None:
+        self._run = run
+        self._index = index
+        self.slots = slots
+
+    def submit(self, token_ids: Sequence[int]) -> LogitsHandle:
+        """One token per slot, in the order the positions were given; wait() gives slot -> logits."""
+        if len(token_ids) != len(self.slots):
+            raise QaicConfigError(
+                f"{len(token_ids)} tokens for a decode prepared for {len(self.slots)} slots: give one per slot"
+            )
+        if self._index is not None:
+            self._run.array("input_ids")[self._index, -1] = token_ids
+        return LogitsHandle(self._run.submit(), _decode_pick(self.slots))
 
 
 class CausalLM:
@@ -276,29 +296,42 @@ class CausalLM:
         program picks its K+1 rows (QEfficient's start at 0 when the last real token is in column <= K,
         ours end at the last real token).
         """
+        inputs, index, slots = self._decode_inputs({slot: position for slot, (_, position) in rows.items()})
+        if index is not None:
+            inputs["input_ids"][index, -1] = [token for token, _ in rows.values()]
+        return LogitsHandle(self.session.submit(inputs, self.decode_exec), _decode_pick(slots))
+
+    def prepare_decode(self, positions: Mapping[int, int]) -> PreparedDecodeRun:
+        """Make a full-batch decode ready before its tokens are known; positions maps slot -> position.
+
+        Everything of the run but its tokens is built here (positions, compute-context length,
+        buffers, specialization), so a caller can do it while the device still computes the step
+        that samples those tokens; ``submit(token_ids)`` writes them and starts the run.
+        """
+        inputs, index, slots = self._decode_inputs(positions)
+        return PreparedDecodeRun(self.session.prepare(inputs, self.decode_exec), index, slots)
+
+    def _decode_inputs(
+        self, positions: Mapping[int, int]
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None, list[int]]:
+        """A full-batch decode's inputs with every token 0; the row index of the listed slots, and the slots."""
         fbs = self.full_batch_size
         ids = np.zeros((fbs, self.decode_seq_len), np.int64)
         pos = np.full((fbs, self.decode_seq_len), PAD_POSITION, np.int64)
-        slots = list(rows)
+        slots = list(positions)
+        index: np.ndarray | None = None
         if slots:
             index = np.array(slots, np.int64)
-            values = np.array(list(rows.values()), np.int64).reshape(-1, 2)
-            if index.min() < 0 or index.max() >= fbs or values[:, 1].max() >= self.ctx_len:
-                for slot, (_, position) in rows.items():  # the first offender, named
+            at = np.fromiter(positions.values(), np.int64, len(slots))
+            if index.min() < 0 or index.max() >= fbs or at.max() >= self.ctx_len:
+                for slot, position in positions.items():  # the first offender, named
                     self.check_slot(slot)
                     self._check_positions(position, f"the sequence in slot {slot}")
-            ids[index, -1] = values[:, 0]
-            pos[index, -1] = values[:, 1]
+            pos[index, -1] = at
         inputs = {"input_ids": ids, "position_ids": pos}
         if self.continuous_batching:
             inputs["batch_index"] = self._decode_batch_index
-        run = self.session.submit(self._complete(inputs, decode=True), self.decode_exec)
-
-        def pick(out: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
-            last = out["logits"][:, -1]
-            return {s: last[s] for s in slots}
-
-        return LogitsHandle(run, pick)
+        return self._complete(inputs, decode=True), index, slots
 
     def decode(self, rows: Mapping[int, tuple[int, int]]) -> dict[int, np.ndarray]:
         result: dict[int, np.ndarray] = self.submit_decode(rows).wait()
@@ -370,6 +403,15 @@ class CausalLM:
                 for slot, (request, _, position) in list(active.items()):
                     accept(slot, request, int(np.argmax(out[slot])), position + 1)
         return results
+
+
+def _decode_pick(slots: list[int]) -> Callable[[dict[str, np.ndarray]], LogitRows]:
+    """A decode's logits by slot: the last column's row of each listed slot."""
+
+    def pick(out: dict[str, np.ndarray]) -> LogitRows:
+        return LogitRows(out["logits"][:, -1], slots)
+
+    return pick
 
 
 def _ccl_shapes(session: QAICInferenceSession) -> dict[tuple[int, int], tuple[int, ...]]:

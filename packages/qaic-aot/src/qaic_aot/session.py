@@ -49,6 +49,48 @@ class RunHandle:
         return self._result
 
 
+class PreparedRun:
+    """A run's buffers made ready (shapes matched, outputs allocated) and not yet handed over.
+
+    ``array(name)`` is the buffer the device will read: a caller may still write into an input
+    (the tokens a decode waits for) before ``submit()``, which hands the run to its exec object
+    once. A prepared run holds no exec object, so one that is never submitted costs nothing.
+    """
+
+    def __init__(
+        self,
+        session: QAICInferenceSession,
+        exec_index: int,
+        inputs: Mapping[str, np.ndarray],
+        arrays: list[np.ndarray],
+    ) -> None:
+        self._session = session
+        self.exec_index = exec_index
+        self._inputs = inputs
+        self._arrays = arrays
+        self._submitted = False
+
+    def array(self, name: str) -> np.ndarray:
+        """The buffer bound for binding ``name``."""
+        return self._arrays[self._session.binding_index_map[name]]
+
+    def submit(self) -> RunHandle:
+        """Hand the run to its exec object; ``wait()`` on the handle gives its outputs."""
+        if self._submitted:
+            raise QaicRuntimeError(
+                "this prepared run was already submitted: prepare another", status=QStatus.INVAL
+            )
+        self._submitted = True
+        session = self._session
+        observer = session._observer
+        if observer is None:
+            return session._hand_over(self.exec_index, self._arrays)
+        start = time.perf_counter()
+        handle = session._hand_over(self.exec_index, self._arrays)
+        observer.run_submitted(self._inputs, self.exec_index, time.perf_counter() - start)
+        return handle
+
+
 class QAICInferenceSession:
     """A loaded program: named numpy buffers in, named numpy buffers out (QEfficient's surface)."""
 
@@ -221,14 +263,14 @@ class QAICInferenceSession:
 
     def submit(self, inputs: Mapping[str, np.ndarray], exec_index: int = 0) -> RunHandle:
         """Start a run on exec object ``exec_index``; runs on different exec objects overlap."""
-        if self._observer is None:
-            return self._submit(inputs, exec_index)
-        start = time.perf_counter()
-        handle = self._submit(inputs, exec_index)
-        self._observer.run_submitted(inputs, exec_index, time.perf_counter() - start)
-        return handle
+        return self.prepare(inputs, exec_index).submit()
 
-    def _submit(self, inputs: Mapping[str, np.ndarray], exec_index: int) -> RunHandle:
+    def prepare(self, inputs: Mapping[str, np.ndarray], exec_index: int = 0) -> PreparedRun:
+        """Make a run's buffers ready without starting it (``PreparedRun.submit()`` starts it).
+
+        Everything but the hand-over happens here (the specialization is matched and the output
+        buffers allocated), so a caller can prepare the next run while the device is busy.
+        """
         if not self.is_active:
             raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
         if not 0 <= exec_index < self.num_exec_objects:
@@ -236,7 +278,11 @@ class QAICInferenceSession:
                 f"exec_index {exec_index} is out of range: this session has {self.num_exec_objects} exec "
                 "objects (num_exec_objects)"
             )
-        arrays = self._arrays_for(inputs)
+        return PreparedRun(self, exec_index, inputs, self._arrays_for(inputs))
+
+    def _hand_over(self, exec_index: int, arrays: list[np.ndarray]) -> RunHandle:
+        if not self.is_active:
+            raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
         if not self._busy[exec_index].acquire(blocking=False):
             raise QaicRuntimeError(
                 f"exec object {exec_index} already has a run in flight: wait() for it first or submit to "

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from qaic_aot import integrity
-from qaic_aot.causal_lm import CausalLM, LogitsHandle
+from qaic_aot.causal_lm import CausalLM, LogitsHandle, PreparedDecodeRun
 from qaic_aot.compile import compile_model
 from qaic_aot.iodesc import program_dir
 from qaic_aot.session import QAICInferenceSession
@@ -24,6 +24,7 @@ from qaic_core.execution import (
     SPECULATIVE_VERIFY,
     ExecutionConfig,
     Pending,
+    PreparedDecode,
     SlotKV,
     StepShape,
 )
@@ -94,6 +95,10 @@ class AotStepModel:
     def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[dict[int, np.ndarray]]:
         handle: LogitsHandle = self.lm.submit_decode(rows)
         return handle
+
+    def prepare_decode(self, positions: Mapping[int, int]) -> PreparedDecode:
+        prepared: PreparedDecodeRun = self.lm.prepare_decode(positions)
+        return prepared
 
     def submit_decode_tokens(
         self, rows: Mapping[int, tuple[Sequence[int], int]]

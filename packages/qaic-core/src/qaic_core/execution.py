@@ -18,7 +18,7 @@ takes a batch of whole token sequences and returns hidden states, pooled vectors
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
@@ -200,6 +200,44 @@ class Pending(Protocol[T_co]):
     def wait(self) -> T_co: ...
 
 
+class LogitRows(Mapping[int, np.ndarray]):
+    """A decode's logits by slot, as rows of the one ``[num_slots, vocab]`` array the device wrote.
+
+    A step model may return it from a decode (it is a plain ``slot -> row`` mapping); a runner that
+    samples many rows at once takes them with one ``take`` instead of one lookup per row.
+    """
+
+    def __init__(self, matrix: np.ndarray, slots: Sequence[int]) -> None:
+        self.matrix = matrix
+        self.slots = list(slots)
+        self._listed: frozenset[int] | None = None
+
+    def __getitem__(self, slot: int) -> np.ndarray:
+        if self._listed is None:
+            self._listed = frozenset(self.slots)
+        if slot not in self._listed:
+            raise KeyError(slot)
+        return self.matrix[slot]  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.slots)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def take(self, slots: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The rows of ``slots``, in that order, as one ``[len(slots), vocab]`` array."""
+        return self.matrix[np.asarray(slots, dtype=np.int64)]  # type: ignore[no-any-return]
+
+
+class PreparedDecode(Protocol):
+    """A full-batch decode made ready before its tokens are known (``StepModel.prepare_decode``)."""
+
+    def submit(self, token_ids: Sequence[int]) -> Pending[dict[int, np.ndarray]]:
+        """Write one token per prepared slot (in the order the positions were given) and start the run."""
+        ...
+
+
 @runtime_checkable
 class StepModel(Protocol):
     """A model on a device group that a serving runner steps (slot KV layout).
@@ -232,6 +270,16 @@ class StepModel(Protocol):
 
     def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[dict[int, np.ndarray]]:
         """Start one full-batch decode of one token per listed slot; slot -> logits row."""
+        ...
+
+    def prepare_decode(self, positions: Mapping[int, int]) -> PreparedDecode:
+        """Build a full-batch decode of one token per listed slot (slot -> position) without starting it.
+
+        Under asynchronous scheduling a runner prepares the next decode while the device still
+        computes the step whose sampled tokens it takes, so only writing those tokens and handing
+        the run over are left between the two runs. ``submit_decode(rows)`` is
+        ``prepare_decode(positions).submit(tokens)``.
+        """
         ...
 
     def submit_decode_tokens(
