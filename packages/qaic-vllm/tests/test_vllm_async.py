@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +188,76 @@ def test_the_eager_mode_turns_it_off(
         cfg = _config(tiny_model, additional_config={"execution_mode": "pyt"})
     assert cfg.scheduler_config.async_scheduling is False
     assert "async scheduling is off: not supported in the pyt (eager) execution mode" in caplog.text
+
+
+class RecordingModel:
+    """A step model that delegates to the runner's own and records when decodes are built, started and waited for."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.events: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def prepare_decode(self, positions: Any) -> Any:
+        self.events.append("prepare")
+        return RecordingPrepared(self, self.model.prepare_decode(positions))
+
+    def submit_decode(self, rows: Any) -> Any:
+        self.events.append("submit")
+        return RecordingPending(self, self.model.submit_decode(rows))
+
+
+class RecordingPrepared:
+    def __init__(self, owner: RecordingModel, prepared: Any) -> None:
+        self.owner, self.prepared = owner, prepared
+
+    def submit(self, token_ids: Any) -> Any:
+        self.owner.events.append("submit")
+        return RecordingPending(self.owner, self.prepared.submit(token_ids))
+
+
+class RecordingPending:
+    def __init__(self, owner: RecordingModel, pending: Any) -> None:
+        self.owner, self.pending = owner, pending
+
+    def wait(self) -> Any:
+        self.owner.events.append("wait")
+        return self.pending.wait()
+
+
+def test_the_next_decode_is_built_before_the_device_finishes_the_last(tiny_model: Path) -> None:
+    """Under asynchronous scheduling a steady decode's inputs are built while the decode before it is
+    still in flight, so only its tokens are written after that run ends; one step at a time, never.
+    The tokens are those of one step at a time."""
+    from vllm import LLM, SamplingParams
+
+    prompts = as_prompts([list(range(5, 5 + n)) for n in (6, 9, 4)])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    events: dict[bool, list[str]] = {}
+    tokens: dict[bool, list[list[int]]] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        mp.delenv("QAIC_ASYNC_SCHEDULING", raising=False)
+        for async_scheduling in (False, True):
+            llm = LLM(model=str(tiny_model), seed=0, async_scheduling=async_scheduling, **ENGINE_ARGS)
+            try:
+                runner = worker_of(llm).runner
+                recording = RecordingModel(runner.model)
+                runner.model = recording  # any StepModel: the runner is typed against the contract only
+                outs = llm.generate(prompts, [params] * len(prompts))
+            finally:
+                del llm
+                gc.collect()
+            events[async_scheduling] = recording.events
+            tokens[async_scheduling] = [list(out.outputs[0].token_ids) for out in outs]
+    assert tokens[True] == tokens[False]
+    # A decode built ahead: "prepare" directly before the wait for the decode in flight.
+    ahead = {
+        mode: sum(a == "prepare" and b == "wait" for a, b in itertools.pairwise(ev))
+        for mode, ev in events.items()
+    }
+    decodes = events[True].count("submit")
+    assert ahead[False] == 0 and "prepare" not in events[False]
+    assert decodes > 20 and ahead[True] > 0.8 * decodes, events[True]

@@ -22,7 +22,7 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, LogprobsLists
 
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicRuntimeError
-from qaic_core.execution import BATCHED_PREFILL, OVERLAP, Pending, StepModel
+from qaic_core.execution import BATCHED_PREFILL, OVERLAP, LogitRows, Pending, PreparedDecode, StepModel
 from qaic_core.observe import StepRecord
 from qaic_vllm.faults import FaultBudget, FaultSettings, QaicFatalError
 from qaic_vllm.runner_output import QaicRunnerOutput
@@ -86,7 +86,7 @@ class SlotModelRunner:
         self.requests: dict[str, RequestState] = {}
         self.sampler = HostSampler(vllm_config, self.full_batch_size, self.ctx_len, self.vocab_size)
         self.observers = get_plugin_manager().observers()
-        self._pending: tuple[list[str], StepPlan, dict[str, np.ndarray]] | QaicRunnerOutput | None = None
+        self._pending: tuple[list[str], StepPlan, StepLogits] | QaicRunnerOutput | None = None
         self.async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
         self._inflight: InflightStep | None = None
         self.fault_budget = FaultBudget(FaultSettings.from_env())
@@ -198,7 +198,7 @@ class SlotModelRunner:
             rows[slot] = ([token, *plan.verify.get(req_id, ())], position)
         return self.model.submit_decode_tokens(rows)
 
-    def run(self, plan: StepPlan) -> dict[str, np.ndarray]:
+    def run(self, plan: StepPlan) -> StepLogits:
         """Run the step on the device; the logits of each request that samples.
 
         A plain row gives one logits row; a request with drafts gives ``[1 + drafts, vocab]``.
@@ -288,11 +288,17 @@ class SlotModelRunner:
         if not self.async_scheduling:
             return self._execute(so)
         fault: QaicRunnerOutput | None = None
-        if self._inflight is not None:
-            previous = self._inflight.resolve()
+        prepared: NextDecode | None = None
+        previous = self._inflight
+        if previous is not None:
+            # The next decode is built while the device still runs the step in flight; after it,
+            # only what the next step needs (the device's logits, the sampled tokens) comes before
+            # its launch. The sampler's history and the output vLLM reads follow the launch.
+            prepared = self._prepare_next_decode(so, previous)
+            known = previous.settle(history=prepared is None)
             self._inflight = None
-            if isinstance(previous, QaicRunnerOutput) and previous.failed:
-                fault = previous
+            if isinstance(known, QaicRunnerOutput) and known.failed:
+                fault = known
         if fault is not None and so.num_scheduled_tokens:
             # This step was scheduled before the fault was reported, so nothing of it runs: the
             # requests the fault already covers get no tokens (the scheduler fails or requeues them
@@ -312,8 +318,78 @@ class SlotModelRunner:
         if not so.num_scheduled_tokens:
             self.update_states(so)
             return ModelRunnerOutput(req_ids=[])  # vLLM reads no sampled output for an empty step
-        self._execute_async(so)
+        if prepared is not None:
+            self._launch_prepared(prepared)
+            assert previous is not None
+            previous.record_history()
+        else:
+            self._execute_async(so)
         return None
+
+    def _prepare_next_decode(self, so: SchedulerOutput, inflight: InflightStep) -> NextDecode | None:
+        """The step's decode built before the step in flight ends, when that is all the step is.
+
+        That holds in vLLM's steady state: the same requests decode their next token, each one the
+        step in flight samples, and none arrives, finishes or is preempted. Anything else (None)
+        takes the general path once the step in flight is sampled.
+        """
+        if inflight.launched is None or inflight.output is not None or inflight.plan.verify:
+            return None
+        if not so.num_scheduled_tokens:
+            return None
+        if (
+            so.scheduled_new_reqs
+            or so.finished_req_ids
+            or so.preempted_req_ids
+            or so.scheduled_spec_decode_tokens
+        ):
+            return None
+        cached = so.scheduled_cached_reqs
+        if len(cached.req_ids) != len(so.num_scheduled_tokens):
+            return None
+        sampled = set(inflight.plan.sample_reqs)
+        states: list[RequestState] = []
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests.get(req_id)
+            if state is None or state.params is None or req_id not in sampled:
+                return None
+            if so.num_scheduled_tokens.get(req_id) != 1 or (
+                i < len(cached.new_token_ids) and cached.new_token_ids[i]
+            ):
+                return None
+            position = int(cached.num_computed_tokens[i])
+            if position != len(state.token_ids) or position >= self.ctx_len:
+                return None  # not the token the step in flight samples
+            states.append(state)
+        positions = [int(n) for n in cached.num_computed_tokens]
+        prepared = self.model.prepare_decode({s.slot: p for s, p in zip(states, positions, strict=True)})
+        for state, position in zip(states, positions, strict=True):
+            state.num_computed = position  # the scheduler's count; the decode adds one once started
+        return NextDecode(list(so.num_scheduled_tokens), list(cached.req_ids), states, positions, prepared)
+
+    def _launch_prepared(self, nxt: NextDecode) -> None:
+        """Write the tokens the last step sampled (each request's newest) into the prepared decode and start it."""
+        tokens = [state.token_ids[-1] for state in nxt.states]
+        try:
+            handle = nxt.prepared.submit(tokens)
+        except QaicRuntimeError as exc:
+            self._inflight = InflightStep(
+                self, nxt.req_ids, StepPlan(), None, self._contain(exc, nxt.req_ids)
+            )
+            return
+        plan = StepPlan(
+            decode={
+                state.slot: (token, position)
+                for state, token, position in zip(nxt.states, tokens, nxt.positions, strict=True)
+            },
+            decode_reqs=nxt.order,
+            sample_reqs=list(nxt.order),
+        )
+        step = LaunchedStep(self, plan)
+        step.decode = handle
+        for state in nxt.states:
+            state.num_computed += 1
+        self._inflight = InflightStep(self, nxt.req_ids, plan, step, None, self._sample_rows(plan))
 
     def _execute_async(self, so: SchedulerOutput) -> None:
         self.update_states(so)
@@ -326,7 +402,7 @@ class SlotModelRunner:
             return
         for req_id, n in so.num_scheduled_tokens.items():
             self.requests[req_id].num_computed += int(n)
-        self._inflight = InflightStep(self, req_ids, plan, launched, None)
+        self._inflight = InflightStep(self, req_ids, plan, launched, None, self._sample_rows(plan))
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         self.update_states(so)
@@ -429,11 +505,17 @@ class SlotModelRunner:
         self,
         req_ids: list[str],
         plan: StepPlan,
-        logits: dict[str, np.ndarray],
+        logits: StepLogits,
         grammar: GrammarOutput | None,
     ) -> ModelRunnerOutput:
         with self.observers.timed("sampling"):
             sampled = self._sample(plan, logits, grammar)
+        return self._build_output(req_ids, sampled)
+
+    def _build_output(
+        self, req_ids: list[str], sampled: tuple[dict[str, list[int]], dict[str, LogprobsLists]]
+    ) -> ModelRunnerOutput:
+        """vLLM's output of a sampled step: tokens and logprobs in ``req_ids`` order, drafts proposed."""
         index = {r: i for i, r in enumerate(req_ids)}
         tokens: list[list[int]] = [[] for _ in req_ids]
         for req_id, row in sampled[0].items():
@@ -459,43 +541,75 @@ class SlotModelRunner:
         drafts, self.drafts = self.drafts, None
         return drafts
 
+    def _sample_rows(self, plan: StepPlan) -> SampleRows:
+        """The step's rows sampled in one batch (all but verified ones), known before its logits are."""
+        plain = [r for r in plan.sample_reqs if r not in plan.verify and self.requests[r].params is not None]
+        states = [self.requests[r] for r in plain]
+        slots = [state.slot for state in states]
+        index = np.array(slots, dtype=np.int64)
+        return SampleRows(
+            reqs=plain,
+            states=states,
+            slots=slots,
+            positions=[len(state.token_ids) for state in states],
+            slot_index=index,
+            greedy=self.sampler.all_plain_greedy(index),
+            decoded=set(plain) <= set(plan.decode_reqs),
+        )
+
     def _sample(
-        self, plan: StepPlan, logits: dict[str, np.ndarray], grammar: GrammarOutput | None = None
+        self,
+        plan: StepPlan,
+        logits: StepLogits,
+        grammar: GrammarOutput | None = None,
+        rows: SampleRows | None = None,
+        history: bool = True,
     ) -> tuple[dict[str, list[int]], dict[str, LogprobsLists]]:
-        reqs = [r for r in plan.sample_reqs if self.requests[r].params is not None]
+        """Sample the step's tokens and add them to each request; ``rows`` when worked out at launch.
+
+        ``history=False`` leaves the sampler's token history to ``record_history`` (after the next
+        launch, when no request came or went in between).
+        """
         out: dict[str, list[int]] = {}
         lp_rows: dict[str, LogprobsLists] = {}
-        plain = [r for r in reqs if r not in plan.verify]
-        if plain:
-            batch = np.stack([logits[r].reshape(-1)[: self.vocab_size] for r in plain])
+        if rows is None:
+            rows = self._sample_rows(plan)
+        if rows.reqs:
+            batch = logits.batch(rows)[:, : self.vocab_size]
             if grammar is not None:
-                apply_grammar_bitmask(torch.from_numpy(batch), plain, grammar)
-            states = [self.requests[r] for r in plain]
-            slots = [state.slot for state in states]
-            positions = [len(state.token_ids) for state in states]
-            tokens, lp = self.sampler.sample(batch, slots, positions)
-            self.sampler.append_tokens(slots, tokens)
-            for i, req_id in enumerate(plain):
+                apply_grammar_bitmask(torch.from_numpy(batch), rows.reqs, grammar)
+            lp: LogprobsLists | None = None
+            if rows.greedy:
+                tokens: list[int] = batch.argmax(
+                    axis=1
+                ).tolist()  # the sampler's own fast path, decided at launch
+            else:
+                tokens, lp = self.sampler.sample(batch, rows.slots, rows.positions)
+            if history:
+                self.sampler.append_tokens(rows.slots, tokens)
+            for i, req_id in enumerate(rows.reqs):
                 out[req_id] = [tokens[i]]
-                states[i].token_ids.append(tokens[i])
+                rows.states[i].token_ids.append(tokens[i])
                 if lp is not None:
                     lp_rows[req_id] = LogprobsLists(
                         lp.logprob_token_ids[i : i + 1],
                         lp.logprobs[i : i + 1],
                         lp.sampled_token_ranks[i : i + 1],
                     )
-        for req_id in reqs:
-            if req_id not in plan.verify:
-                continue
+        for req_id in plan.verify:
             state = self.requests[req_id]
-            rows = torch.from_numpy(np.ascontiguousarray(logits[req_id][:, : self.vocab_size]))
+            if state.params is None:
+                continue
+            scored = torch.from_numpy(np.ascontiguousarray(logits[req_id][:, : self.vocab_size]))
             if grammar is not None:
-                apply_grammar_bitmask(rows, [req_id] * rows.shape[0], grammar, positions=range(rows.shape[0]))
-            tokens, lp = self.sampler.verify(rows, state.slot, len(state.token_ids), plan.verify[req_id])
-            out[req_id] = tokens
+                apply_grammar_bitmask(
+                    scored, [req_id] * scored.shape[0], grammar, positions=range(scored.shape[0])
+                )
+            verified, lp = self.sampler.verify(scored, state.slot, len(state.token_ids), plan.verify[req_id])
+            out[req_id] = verified
             if lp is not None:
                 lp_rows[req_id] = lp
-            for token in tokens:
+            for token in verified:
                 state.token_ids.append(token)
                 self.sampler.append_token(state.slot, token)
         return out, lp_rows
@@ -553,20 +667,77 @@ def apply_grammar_bitmask(
         logits[row].masked_fill_(~allowed, float("-inf"))
 
 
+@dataclass
+class NextDecode:
+    """A decode prepared while the step before it is on the device; its tokens come from that step."""
+
+    req_ids: list[str]
+    """The step's requests in the scheduler's order."""
+    order: list[str]
+    states: list[RequestState]
+    positions: list[int]
+    prepared: PreparedDecode
+
+
+@dataclass
+class SampleRows:
+    """The rows of a step sampled in one batch: requests, their slots and the sampled positions."""
+
+    reqs: list[str]
+    states: list[RequestState]
+    slots: list[int]
+    positions: list[int]
+    slot_index: np.ndarray
+    greedy: bool
+    """Every row is greedy without processors or logprobs: its token is the argmax of its logits."""
+    decoded: bool
+    """Every row is a decode row (not a prefill's last chunk): its logits are the decode's."""
+
+
+class StepLogits:
+    """A finished step's logits: a prefill's (or a verified decode's) by request, the decode's by slot."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, np.ndarray] = {}
+        self.decode: Mapping[int, np.ndarray] | None = None
+        self.decode_slots: dict[str, int] = {}
+
+    def __getitem__(self, req_id: str) -> np.ndarray:
+        row = self.rows.get(req_id)
+        if row is not None:
+            return row
+        if self.decode is None or req_id not in self.decode_slots:
+            raise KeyError(req_id)
+        return np.asarray(self.decode[self.decode_slots[req_id]])
+
+    def batch(self, rows: SampleRows) -> np.ndarray:
+        """The logits of the rows, stacked: one take when all are the decode's."""
+        decode = self.decode
+        if rows.decoded and isinstance(decode, LogitRows):
+            return decode.take(rows.slot_index)
+        return np.stack([self[r].reshape(-1) for r in rows.reqs])
+
+
 class LaunchedStep:
     """A step's device work in flight: at most a decode and one prefill run not yet waited for."""
 
     def __init__(self, runner: SlotModelRunner, plan: StepPlan) -> None:
         self.runner = runner
         self.plan = plan
-        self.logits: dict[str, np.ndarray] = {}
+        self.logits = StepLogits()
         self.decode: Pending[dict[int, np.ndarray]] | None = None
         self.prefill: tuple[list[tuple[str, list[int], int]], Pending[Any]] | None = None
 
     def take_decode(self) -> None:
         handle, self.decode = self.decode, None
-        if handle is not None:
-            self.runner._take_decode(self.plan, handle.wait(), self.logits)
+        if handle is None:
+            return
+        rows = handle.wait()
+        if self.plan.verify:
+            self.runner._take_decode(self.plan, rows, self.logits.rows)
+        else:
+            self.logits.decode = rows
+            self.logits.decode_slots = dict(zip(self.plan.decode_reqs, self.plan.decode, strict=True))
 
     def take_prefill(self) -> None:
         pending, self.prefill = self.prefill, None
@@ -577,9 +748,9 @@ class LaunchedStep:
         rows = [result] if len(group) == 1 else result
         for (req_id, _, _), row in zip(group, rows, strict=True):
             if row is not None:
-                self.logits[req_id] = np.asarray(row)
+                self.logits.rows[req_id] = np.asarray(row)
 
-    def finish(self) -> dict[str, np.ndarray]:
+    def finish(self) -> StepLogits:
         """Wait for what is in flight; the logits of each request that samples."""
         try:
             self.take_prefill()
@@ -610,29 +781,58 @@ class InflightStep(AsyncModelRunnerOutput):
         plan: StepPlan,
         launched: LaunchedStep | None,
         output: ModelRunnerOutput | None,
+        rows: SampleRows | None = None,
     ) -> None:
         self.runner = runner
+        self.rows = rows
+        self._history: tuple[list[int], list[int]] | None = None
         self.req_ids = req_ids
         self.plan = plan
         self.launched = launched
         self.output = output
         self.grammar: GrammarOutput | None = None
         self.sampled = False
+        self.tokens: tuple[dict[str, list[int]], dict[str, LogprobsLists]] | None = None
 
-    def resolve(self) -> ModelRunnerOutput:
-        """Wait for the device, then sample (once); a device fault gives the contained output."""
-        if self.output is not None:
+    def settle(self, history: bool = True) -> ModelRunnerOutput | None:
+        """Wait for the device and sample the step's tokens (once): what the next step's inputs need.
+
+        Returns the output when it is already known (a contained device fault), else None; the
+        output itself is built by ``resolve``. ``history=False``: the sampler's token history waits
+        for ``record_history``.
+        """
+        if self.output is not None or self.tokens is not None:
             return self.output
         runner = self.runner
-        assert self.plan is not None and self.launched is not None
+        assert self.launched is not None
         try:
             logits = self.launched.finish()
         except QaicRuntimeError as exc:
             self.output = runner._contain(exc, self.req_ids)
             return self.output
+        with runner.observers.timed("sampling"):
+            self.tokens = runner._sample(self.plan, logits, self.grammar, self.rows, history)
+        if not history and self.rows is not None and self.rows.reqs:
+            sampled = self.tokens[0]
+            self._history = (self.rows.slots, [sampled[r][0] for r in self.rows.reqs])
+        return None
+
+    def record_history(self) -> None:
+        """Add the sampled tokens to the sampler's history (once), when ``settle`` left it."""
+        history, self._history = self._history, None
+        if history is not None:
+            self.runner.sampler.append_tokens(*history)
+
+    def resolve(self) -> ModelRunnerOutput:
+        """The step's output: waits for the device and samples first if that has not happened yet."""
+        known = self.settle()
+        if known is not None:
+            return known
+        runner = self.runner
+        assert self.tokens is not None
         if runner.observers:
             runner.observers.step(runner._record(self.plan))
-        self.output = runner._output(self.req_ids, self.plan, logits, self.grammar)
+        self.output = runner._build_output(self.req_ids, self.tokens)
         return self.output
 
     def get_output(self) -> ModelRunnerOutput:

@@ -74,6 +74,8 @@ class HostSampler:
         self.states = CPUSamplingStates(max_num_reqs, vocab_size, cpu)
         self.processors = [CPUPenalties(vllm_config, lp_state), CPUBadWords(vllm_config, lp_state)]  # type: ignore[arg-type]
         self.needs_processing = np.zeros(max_num_reqs, dtype=bool)
+        # Rows whose token is the argmax of the raw logits and that want no logprobs (the fast path).
+        self.plain_greedy = np.zeros(max_num_reqs, dtype=bool)
         self.bias: dict[int, _Bias] = {}
         seed = int(np.random.randint(0, 2**62))
         self.rng = torch.Generator().manual_seed(seed)
@@ -98,6 +100,11 @@ class HostSampler:
             self.bias[idx] = bias
             needs = True
         self.needs_processing[idx] = needs
+        self.plain_greedy[idx] = (
+            not needs
+            and self.states.temperature_np[idx] == 0.0
+            and self.states.num_logprobs[idx] == NO_LOGPROBS
+        )
 
     def append_token(self, idx: int, token_id: int) -> None:
         n = int(self._total_np[idx])
@@ -120,14 +127,21 @@ class HostSampler:
     def remove_request(self, idx: int) -> None:
         self.bias.pop(idx, None)
         self.needs_processing[idx] = False
+        self.plain_greedy[idx] = False
 
     # -- sampling -------------------------------------------------------------------------
+    def all_plain_greedy(self, idxs: np.ndarray) -> bool:
+        """Every row in ``idxs`` samples the argmax of its raw logits and wants no logprobs."""
+        return bool(self.plain_greedy[idxs].all())
+
     def sample(
         self, logits: torch.Tensor | np.ndarray, idxs: Sequence[int], positions: Sequence[int]
     ) -> tuple[list[int], LogprobsLists | None]:
         """One token per row; ``positions`` are the sampled tokens' positions (for seeded draws)."""
         raw = _float32(logits)
         idx_np = np.asarray(idxs, dtype=np.int64)
+        if self.all_plain_greedy(idx_np):
+            return raw.argmax(axis=1).tolist(), None
         n = len(idx_np)
         temps = self.states.temperature_np[idx_np]
         needs = self.needs_processing[idx_np]
