@@ -22,6 +22,7 @@ from qaic_core.eager import DeviceMemoryError, EagerDeviceRequest, EagerStep
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_sim import timing, trace
+from qaic_sim.clock import sleep_until
 from qaic_sim.config import QAIC_SIM_TIMING, pace_as_config, pace_as_for
 from qaic_sim.machine import SimMachine, get_machine
 from qaic_sim.timing_eager import eager_step_cost
@@ -198,7 +199,7 @@ class SimEagerDevice:
             wall = time.perf_counter() - start
             config = self.machine.config
             if status == 0 and (config.pace or config.pace_as) and device_time > wall:
-                time.sleep(device_time - wall)
+                sleep_until(start + device_time)
             with dev.lock:
                 dev.device_time_s += device_time
                 dev.wall_time_s += wall

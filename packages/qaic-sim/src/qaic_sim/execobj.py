@@ -16,6 +16,7 @@ from qaic_core import runtime
 from qaic_core.types import Binding, Direction
 from qaic_sim import trace
 from qaic_sim.buffers import QBuffer
+from qaic_sim.clock import sleep_until
 from qaic_sim.costing import TimingModelError
 from qaic_sim.program import Program, SlicingSpecHandle
 from qaic_sim.status import Failure, QStatus
@@ -332,9 +333,7 @@ class ExecObj:
                 f"modelled device time {device_time * 1000:.0f} ms exceeds dataPathTimeoutMs={timeout_ms}",
             )
         if config.pace or config.pace_as:
-            remaining = device_time - (time.perf_counter() - start)
-            if remaining > 0:
-                time.sleep(remaining)
+            sleep_until(start + device_time)
         program.device_free_at = time.perf_counter()
         return QStatus.SUCCESS, k, device_time
 

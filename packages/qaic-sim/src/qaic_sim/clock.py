@@ -1,0 +1,23 @@
+"""Keeping a paced run's modelled end: sleep until a deadline and wake within microseconds of it."""
+
+from __future__ import annotations
+
+import time
+
+SPIN_S = 300e-6
+"""How long before the deadline the sleep ends; the rest is spent yielding the interpreter."""
+
+
+def sleep_until(deadline: float) -> None:
+    """Return at ``deadline`` (a ``time.perf_counter()`` value), not a tenth of a millisecond after it.
+
+    An operating-system sleep overshoots by about 0.1 ms (more on a virtual or busy machine), which
+    would stretch every paced run beyond its modelled time and make the host look slower to the
+    device than it is. The thread sleeps until ``SPIN_S`` before the deadline and then yields the
+    interpreter (``time.sleep(0)``, which lets other threads run) until the deadline passes.
+    """
+    remaining = deadline - time.perf_counter()
+    if remaining > SPIN_S:
+        time.sleep(remaining - SPIN_S)
+    while time.perf_counter() < deadline:
+        time.sleep(0)
