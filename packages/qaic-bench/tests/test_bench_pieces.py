@@ -243,7 +243,14 @@ def test_parts_are_chosen_by_their_numbers() -> None:
     from qaic_bench.__main__ import part_keys
 
     assert part_keys(None) is None
-    assert part_keys("2, 10,11") == {"host_overhead_us", "device_load", "vs_vllm_cpu"}
+    # Part 2 measures the host work the device waits for too (its companion key).
+    assert part_keys("2, 10,11") == {
+        "host_overhead_us",
+        "host_on_device_path_us",
+        "device_load",
+        "vs_vllm_cpu",
+    }
+    assert part_keys("10") == {"device_load"}
     with pytest.raises(ValueError, match="no part '12'"):
         part_keys("1,12")
 
@@ -272,3 +279,21 @@ def test_decode_waits_are_the_device_gaps_between_decode_runs(tmp_path: Path) ->
     waits = decode_waits(recorder.close())
     assert waits == pytest.approx([500.0, 0.0], abs=1e-3)
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
+
+
+def test_the_stacks_own_work_runs_from_a_decodes_wait_to_the_next_decodes_hand_over() -> None:
+    from qaic_bench.load import DecodeHandOvers
+
+    clock = iter([0.0, 1.0, 1.0002, 2.0, 2.0001, 2.5, 3.0, 3.0003])
+    seen = DecodeHandOvers(clock=lambda: next(clock))
+    decode = {"input_ids": np.zeros((4, 1), np.int64)}
+    prefill = {"input_ids": np.zeros((1, 32), np.int64)}
+    seen.run_submitted(decode, 0, 0.0)  # 0.0
+    seen.run_waited(0, 1.0)  # 1.0: the decode is waited for
+    seen.run_submitted(decode, 0, 0.0)  # 1.0002: the next decode, 200 µs later
+    seen.run_waited(0, 1.0)  # 2.0
+    seen.run_submitted(prefill, 1, 0.0)  # 2.0001: a prefill comes between: no pair
+    seen.run_submitted(decode, 0, 0.0)  # 2.5
+    seen.run_waited(1, 0.5)  # 3.0: the prefill's wait is not a decode's
+    seen.run_submitted(decode, 0, 0.0)  # 3.0003
+    assert seen.own_us() == pytest.approx([200.0], abs=1e-3)

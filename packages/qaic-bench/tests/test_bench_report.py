@@ -31,6 +31,7 @@ def complete_report() -> BenchReport:
     report.data = {
         "stack_overhead": {"serve_tok_s": 180.0, "raw_tok_s": 200.0, "ratio": 0.9},
         "host_overhead_us": {"1": 900.0, "8": 1500.0, "32": 4200.0},
+        "host_on_device_path_us": {"1": 150.0, "8": 300.0, "32": 700.0},
         "hf_baseline": {"tok_s": 50.0, "ratio": 3.2},
         "timing_model": ROWS,
         "startup_s": {"first": 60.5, "cached": 30.25},

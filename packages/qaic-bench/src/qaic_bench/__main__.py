@@ -55,9 +55,9 @@ def part_keys(text: str | None) -> frozenset[str] | None:
     """Report keys of ``--parts`` numbers ("2,10,11"); None for every part."""
     if text is None:
         return None
-    from qaic_bench.report import TITLES
+    from qaic_bench.report import COMPANIONS, TITLES
 
-    by_number = {title.split(".", 1)[0]: key for key, title in TITLES.items()}
+    by_number = {title.split(".", 1)[0]: key for key, title in TITLES.items() if key not in COMPANIONS}
     keys = set()
     for piece in text.split(","):
         number = piece.strip()
@@ -66,6 +66,7 @@ def part_keys(text: str | None) -> frozenset[str] | None:
                 f"--parts {text!r}: no part {number!r}; parts are {', '.join(sorted(by_number, key=int))}"
             )
         keys.add(by_number[number])
+    keys |= {companion for companion, owner in COMPANIONS.items() if owner in keys}
     return frozenset(keys)
 
 

@@ -24,8 +24,11 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from qaic_bench.eager import device_seconds
 from qaic_bench.host import observing
@@ -55,6 +58,48 @@ class StepTotals(Observer):
             if decode_needed
             else None,
         }
+
+
+class DecodeHandOvers(Observer):
+    """When each decode run was waited for and the next one handed over, as the stack's sessions report them.
+
+    A decode is a run whose ``input_ids`` hold one token per row. ``own_us`` pairs each decode
+    hand-over with the wait for the decode before it when nothing ran in between: the stack's own
+    host work between the two (sampling, writing the next decode's tokens, the hand-over), without
+    the runtime's completion of the first run.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.events: list[tuple[str, float]] = []
+        self._decode_execs: set[int] = set()
+
+    def run_submitted(self, inputs: Mapping[str, np.ndarray], exec_index: int, seconds: float) -> None:
+        ids = inputs.get("input_ids")
+        decode = ids is not None and ids.ndim == 2 and ids.shape[1] == 1
+        if decode:
+            self._decode_execs.add(exec_index)
+        self.events.append(("decode" if decode else "other", self.clock()))
+
+    def run_waited(self, exec_index: int, seconds: float) -> None:
+        self.events.append(("waited-decode" if exec_index in self._decode_execs else "waited", self.clock()))
+
+    def own_us(self) -> list[float]:
+        return [
+            (t_next - t_wait) * 1e6
+            for (kind, t_wait), (next_kind, t_next) in itertools.pairwise(self.events)
+            if kind == "waited-decode" and next_kind == "decode"
+        ]
+
+
+def _spread(values: list[float]) -> dict[str, float | int] | None:
+    if not values:
+        return None
+    return {
+        "median": round(statistics.median(values), 1),
+        "p90": round(statistics.quantiles(values, n=10)[-1], 1) if len(values) > 1 else round(values[0], 1),
+        "count": len(values),
+    }
 
 
 def decode_waits(trace_json: Path) -> list[float]:
@@ -94,7 +139,8 @@ def paced_load(
     from vllm import LLM, SamplingParams
 
     totals = StepTotals()
-    with observing(totals, name="qaic-bench-load"):
+    hand_overs = DecodeHandOvers()
+    with observing(totals, hand_overs, name="qaic-bench-load"):
         llm = LLM(
             model=str(model_dir),
             max_num_seqs=shape.max_num_seqs,
@@ -110,6 +156,7 @@ def paced_load(
         llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)  # type: ignore[arg-type]
         prompts = [{"prompt_token_ids": p} for p in random_prompts([input_len] * num_prompts, vocab, seed=1)]
         totals.steps.clear()
+        hand_overs.events.clear()
         # The backend's trace control (the simulator's: a Chrome trace with host and device spans).
         trace = get_plugin_manager().select_device_backend().trace
         with tempfile.TemporaryDirectory(prefix="qaic-bench-load-") as trace_dir:
@@ -131,13 +178,9 @@ def paced_load(
         "busy_fraction": round(device / wall, 3) if wall > 0 else None,
         # What the device waits for per step: host work not hidden behind its runs.
         "idle_us_per_step": round((wall - device) / len(totals.steps) * 1e6, 1) if totals.steps else None,
-        "decode_wait_us": {
-            "median": round(statistics.median(waits), 1),
-            "p90": round(statistics.quantiles(waits, n=10)[-1], 1) if len(waits) > 1 else waits[0],
-            "count": len(waits),
-        }
-        if waits
-        else None,
+        "decode_wait_us": _spread(waits),
+        # Of that wait, the stack's own work: from the wait's return to the next decode's hand-over.
+        "own_us": _spread(hand_overs.own_us()),
         "padding_waste": totals.waste(),
         "steps": len(totals.steps),
     }

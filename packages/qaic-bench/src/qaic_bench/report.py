@@ -13,6 +13,7 @@ from typing import Any
 REPORT_KEYS = (
     "stack_overhead",
     "host_overhead_us",
+    "host_on_device_path_us",
     "hf_baseline",
     "timing_model",
     "startup_s",
@@ -30,15 +31,19 @@ REPORT_KEYS = (
 SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "stack_overhead": ("serve_tok_s", "raw_tok_s", "ratio"),
     "host_overhead_us": ("1", "8", "32"),
+    "host_on_device_path_us": ("1", "8", "32"),
     "hf_baseline": ("tok_s", "ratio"),
     "startup_s": ("first", "cached"),
     "machine": ("cpu", "cores", "memory", "python", "torch", "vllm"),
 }
 TIMING_ROW_KEYS = ("card", "model", "precision", "published_tok_s", "modelled_tok_s", "error_pct")
 HOST_BATCHES = (1, 8, 32)
+COMPANIONS = {"host_on_device_path_us": "host_overhead_us"}
+"""Report keys another part's run measures too (``--parts`` selects them with it)."""
 TITLES = {
     "stack_overhead": "1. Stack overhead (paced serve vs raw session loop)",
     "host_overhead_us": "2. Host overhead per decode step",
+    "host_on_device_path_us": "2. Host work the device waits for per decode step (asynchronous scheduling, paced)",
     "hf_baseline": "3. transformers baseline",
     "timing_model": "4. Timing-model fidelity",
     "startup_s": "5. Start-up",
@@ -142,6 +147,22 @@ def _section_lines(report: BenchReport, key: str) -> list[str]:
     if key == "host_overhead_us":
         return _table(
             ["batch", "host µs per decode step"], [[b, value[b]] for b in sorted(value, key=int)], (0, 0)
+        )
+    if key == "host_on_device_path_us":
+        split = report.details.get("host_on_device_path") or {}
+
+        def part(batch: str, name: str, stat: str) -> Any:
+            return ((split.get(batch) or {}).get(name) or {}).get(stat)
+
+        return _table(
+            [
+                "batch",
+                "device wait between decode runs, µs (median)",
+                "p90",
+                "of it, the stack's own work after the wait returns, µs (median)",
+            ],
+            [[b, value[b], part(b, "wait", "p90"), part(b, "own", "median")] for b in sorted(value, key=int)],
+            (0, 0, 0, 0),
         )
     if key == "hf_baseline":
         return _table(

@@ -189,6 +189,39 @@ class Runner:
                 res["device_us"],
             )
         self.report.data["host_overhead_us"] = figures
+        on_path: dict[str, float] = {}
+        split: dict[str, Any] = {}
+        self.report.details["host_on_device_path"] = split
+        for batch in self.s.host_batches:
+            # The same steps with asynchronous scheduling, paced: what of that work the device waits for.
+            load = run_in_child(
+                "load",
+                {
+                    "model": str(self.model),
+                    "shape": vars(self.s.host_shape(batch)),
+                    "dtype": self.dtype,
+                    "input_len": self.s.host_input_len,
+                    "output_len": self.s.host_output_len,
+                    "num_prompts": batch,
+                    "async_scheduling": True,
+                },
+                self.paced_env,
+                self.work / f"host-path-{batch}",
+            )
+            self.results[f"host_path_{batch}"] = load
+            waits = load.get("decode_wait_us")
+            if not waits:
+                raise RuntimeError(f"batch {batch}: the trace held no two decode runs in a row")
+            on_path[str(batch)] = waits["median"]
+            split[str(batch)] = {"wait": waits, "own": load.get("own_us")}
+            log.info(
+                "batch %d: the device waits %s µs between decode runs (median; p90 %s); the stack's own work: %s",
+                batch,
+                waits["median"],
+                waits["p90"],
+                load.get("own_us"),
+            )
+        self.report.data["host_on_device_path_us"] = on_path
 
     def part_timing_model(self) -> None:
         """The simulator's timing model against every published decode figure (``qaic-sim fidelity``)."""
@@ -344,6 +377,7 @@ class Runner:
         for key in (
             "stack_overhead",
             "host_overhead_us",
+            "host_on_device_path_us",
             "hf_baseline",
             "timing_model",
             "startup_s",
@@ -357,5 +391,7 @@ class Runner:
             if key not in self.report.data:
                 self.report.errors.setdefault(key, "not measured: an earlier part failed (see the log above)")
         self.report.methods = methods.describe(self.s, self.dtype, self.model.name, self.results)
-        self.report.details = {"settings": self.s.to_dict(), "dtype": self.dtype, "model": str(self.model)}
+        self.report.details.update(
+            {"settings": self.s.to_dict(), "dtype": self.dtype, "model": str(self.model)}
+        )
         return self.report
