@@ -12,4 +12,3 @@ def test_it_never_returns_before_the_deadline() -> None:
         deadline = time.perf_counter() + delay
         sleep_until(deadline)
         assert time.perf_counter() >= deadline
-
