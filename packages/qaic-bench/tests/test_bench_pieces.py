@@ -297,3 +297,12 @@ def test_the_stacks_own_work_runs_from_a_decodes_wait_to_the_next_decodes_hand_o
     seen.run_waited(1, 0.5)  # 3.0: the prefill's wait is not a decode's
     seen.run_submitted(decode, 0, 0.0)  # 3.0003
     assert seen.own_us() == pytest.approx([200.0], abs=1e-3)
+
+
+def test_a_part_left_out_by_parts_leaves_its_companion_out_too(tmp_path: Path) -> None:
+    from qaic_bench.run import Runner
+
+    runner = Runner(BenchSettings.quick(), tmp_path, tmp_path / "model", parts=frozenset({"machine"}))
+    report = runner.run()
+    for key in ("host_overhead_us", "host_on_device_path_us", "stack_overhead", "device_load"):
+        assert report.errors[key] == "not run: not among --parts", key

@@ -14,7 +14,7 @@ from typing import Any
 from qaic_bench import methods
 from qaic_bench.child import run_in_child
 from qaic_bench.machine import git_commit, machine_info
-from qaic_bench.report import BenchReport, ratio
+from qaic_bench.report import COMPANIONS, BenchReport, ratio
 from qaic_bench.server import VllmServer, bench_serve
 from qaic_bench.settings import BenchSettings
 from qaic_bench.startup import qpc_ready_seconds
@@ -370,7 +370,8 @@ class Runner:
             )
         for key, title, fn in parts:
             if self.parts is not None and key not in self.parts:
-                self.report.errors[key] = "not run: not among --parts"
+                for skipped in (key, *(c for c, owner in COMPANIONS.items() if owner == key)):
+                    self.report.errors[skipped] = "not run: not among --parts"
                 continue
             with self.part(key, title):
                 fn()
