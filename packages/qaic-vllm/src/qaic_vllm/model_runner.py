@@ -579,10 +579,8 @@ class SlotModelRunner:
             if grammar is not None:
                 apply_grammar_bitmask(torch.from_numpy(batch), rows.reqs, grammar)
             lp: LogprobsLists | None = None
-            if rows.greedy:
-                tokens: list[int] = batch.argmax(
-                    axis=1
-                ).tolist()  # the sampler's own fast path, decided at launch
+            if rows.greedy:  # the sampler's own fast path, decided at launch
+                tokens: list[int] = batch.argmax(axis=1).tolist()
             else:
                 tokens, lp = self.sampler.sample(batch, rows.slots, rows.positions)
             if history:
