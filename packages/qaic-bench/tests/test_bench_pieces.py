@@ -306,3 +306,15 @@ def test_a_part_left_out_by_parts_leaves_its_companion_out_too(tmp_path: Path) -
     report = runner.run()
     for key in ("host_overhead_us", "host_on_device_path_us", "stack_overhead", "device_load"):
         assert report.errors[key] == "not run: not among --parts", key
+
+
+def test_the_on_path_method_names_each_batchs_p90_beside_part_2s_own_rows() -> None:
+    host = {"batch": 8, "steps": 60, "device_us": 9000.0, "host_us": 1300.0}
+    wait = {"median": 391.0, "p90": 495.0, "count": 62}
+    results = {
+        "host_8": host,
+        "on_path": {"32": {"decode_wait_us": {**wait, "p90": 743.0}}, "8": {"decode_wait_us": wait}},
+    }
+    text = methods.describe(BenchSettings.full(), "float32", "m", results)
+    assert "batch 8: p90 495.0 µs over 62 waits, batch 32: p90 743.0 µs" in text["host_on_device_path_us"]
+    assert "batch 8: 60 steps" in text["host_overhead_us"]

@@ -62,11 +62,12 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
     paced = results.get("serve_paced") or {}
     unpaced = results.get("serve_unpaced") or {}
     hf = results.get("hf") or {}
-    host = {k: v for k, v in results.items() if k.startswith("host_") and not k.startswith("host_path_")}
-    paths = {k: v for k, v in results.items() if k.startswith("host_path_") and v.get("decode_wait_us")}
+    host = {k: v for k, v in results.items() if k.startswith("host_")}
+    on_path = results.get("on_path") or {}
     path_rows = ", ".join(
-        f"batch {k.removeprefix('host_path_')}: p90 {v['decode_wait_us']['p90']} µs over {v['decode_wait_us']['count']} waits"
-        for k, v in sorted(paths.items(), key=lambda kv: int(kv[0].removeprefix("host_path_")))
+        f"batch {b}: p90 {v['decode_wait_us']['p90']} µs over {v['decode_wait_us']['count']} waits"
+        for b, v in sorted(on_path.items(), key=lambda kv: int(kv[0]))
+        if v.get("decode_wait_us")
     )
     host_rows = ", ".join(
         f"batch {v['batch']}: {v['steps']} steps, device {_f(v['device_us'], 0)} µs/step"

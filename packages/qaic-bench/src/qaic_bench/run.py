@@ -170,13 +170,7 @@ class Runner:
         for batch in self.s.host_batches:
             res = run_in_child(
                 "host",
-                {
-                    "model": str(self.model),
-                    "shape": vars(self.s.host_shape(batch)),
-                    "dtype": self.dtype,
-                    "input_len": self.s.host_input_len,
-                    "output_len": self.s.host_output_len,
-                },
+                self._host_workload(batch),
                 self.env,
                 self.work / f"host-{batch}",
             )
@@ -191,24 +185,18 @@ class Runner:
         self.report.data["host_overhead_us"] = figures
         on_path: dict[str, float] = {}
         split: dict[str, Any] = {}
+        loads: dict[str, Any] = {}
         self.report.details["host_on_device_path"] = split
+        self.results["on_path"] = loads
         for batch in self.s.host_batches:
             # The same steps with asynchronous scheduling, paced: what of that work the device waits for.
             load = run_in_child(
                 "load",
-                {
-                    "model": str(self.model),
-                    "shape": vars(self.s.host_shape(batch)),
-                    "dtype": self.dtype,
-                    "input_len": self.s.host_input_len,
-                    "output_len": self.s.host_output_len,
-                    "num_prompts": batch,
-                    "async_scheduling": True,
-                },
+                {**self._host_workload(batch), "num_prompts": batch, "async_scheduling": True},
                 self.paced_env,
                 self.work / f"host-path-{batch}",
             )
-            self.results[f"host_path_{batch}"] = load
+            loads[str(batch)] = load
             waits = load.get("decode_wait_us")
             if not waits:
                 raise RuntimeError(f"batch {batch}: the trace held no two decode runs in a row")
@@ -222,6 +210,16 @@ class Runner:
                 load.get("own_us"),
             )
         self.report.data["host_on_device_path_us"] = on_path
+
+    def _host_workload(self, batch: int) -> dict[str, Any]:
+        """Part 2's engine and requests at ``batch``, as the child measurements take them."""
+        return {
+            "model": str(self.model),
+            "shape": vars(self.s.host_shape(batch)),
+            "dtype": self.dtype,
+            "input_len": self.s.host_input_len,
+            "output_len": self.s.host_output_len,
+        }
 
     def part_timing_model(self) -> None:
         """The simulator's timing model against every published decode figure (``qaic-sim fidelity``)."""
