@@ -271,8 +271,7 @@ class QAICInferenceSession:
         Everything but the hand-over happens here (the specialization is matched and the output
         buffers allocated), so a caller can prepare the next run while the device is busy.
         """
-        if not self.is_active:
-            raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
+        self._check_active()
         if not 0 <= exec_index < self.num_exec_objects:
             raise QaicConfigError(
                 f"exec_index {exec_index} is out of range: this session has {self.num_exec_objects} exec "
@@ -280,9 +279,12 @@ class QAICInferenceSession:
             )
         return PreparedRun(self, exec_index, inputs, self._arrays_for(inputs))
 
-    def _hand_over(self, exec_index: int, arrays: list[np.ndarray]) -> RunHandle:
+    def _check_active(self) -> None:
         if not self.is_active:
             raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
+
+    def _hand_over(self, exec_index: int, arrays: list[np.ndarray]) -> RunHandle:
+        self._check_active()
         if not self._busy[exec_index].acquire(blocking=False):
             raise QaicRuntimeError(
                 f"exec object {exec_index} already has a run in flight: wait() for it first or submit to "
@@ -314,8 +316,7 @@ class QAICInferenceSession:
         before the run; an output slice (a ``_RetainedState`` binding) is filled from the state after
         it, in place. Returns the outputs that were not skipped.
         """
-        if not self.is_active:
-            raise QaicRuntimeError("the session is not active: call activate() first", status=QStatus.INVAL)
+        self._check_active()
         for name in slices:
             if name not in self._index:
                 raise QaicConfigError(

@@ -349,6 +349,7 @@ class SlotModelRunner:
             return None
         sampled = set(inflight.plan.sample_reqs)
         states: list[RequestState] = []
+        positions: list[int] = []
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests.get(req_id)
             if state is None or state.params is None or req_id not in sampled:
@@ -361,7 +362,7 @@ class SlotModelRunner:
             if position != len(state.token_ids) or position >= self.ctx_len:
                 return None  # not the token the step in flight samples
             states.append(state)
-        positions = [int(n) for n in cached.num_computed_tokens]
+            positions.append(position)
         prepared = self.model.prepare_decode({s.slot: p for s, p in zip(states, positions, strict=True)})
         for state, position in zip(states, positions, strict=True):
             state.num_computed = position  # the scheduler's count; the decode adds one once started
