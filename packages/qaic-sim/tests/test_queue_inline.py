@@ -25,9 +25,9 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     execute = ExecObj.execute
 
-    def recording(self: ExecObj, queue_id: int = 0, enqueued: float | None = None) -> Any:
+    def recording(self: ExecObj, *args: Any, **kwargs: Any) -> Any:
         seen.append(threading.current_thread().name)
-        return execute(self, queue_id, enqueued)
+        return execute(self, *args, **kwargs)
 
     monkeypatch.setattr(ExecObj, "execute", recording)
     return seen

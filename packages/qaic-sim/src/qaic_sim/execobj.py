@@ -47,6 +47,7 @@ class ExecObj:
         self.lastError = ""
         self.lastDeviceTimeS = 0.0
         self.lastSpecialization = ""
+        self._ready_at = 0.0
         self._lock = threading.Lock()
 
     # -- binding buffers -----------------------------------------------------------------
@@ -110,10 +111,14 @@ class ExecObj:
                 ) from None
             if not 0 <= int(index) < len(bindings):
                 raise Failure(QStatus.INVAL, f"binding index {index} out of range 0..{len(bindings) - 1}")
+            if type(arr) is not np.ndarray:
+                arr = np.asarray(arr)
+            if arr.size == 0:  # a skipped buffer: retained state stays on the device, no read-back
+                continue
             b = bindings[int(index)]
             dt = dtypes[b.index]
-            arr = np.asarray(arr)
-            if arr.size == 0:
+            if arr.dtype is dt and arr.flags.c_contiguous:  # the common case: nothing to convert
+                arrays[int(index)] = arr
                 continue
             self._check_itemsize(b, dt, arr.itemsize)
             if not arr.flags.c_contiguous:
@@ -201,11 +206,17 @@ class ExecObj:
         return self._status, out
 
     def waitForCompletion(self) -> QStatus:
-        """Block until the enqueued run finishes; its status (non-SUCCESS for any failure)."""
+        """Block until the enqueued run finishes; its status (non-SUCCESS for any failure).
+
+        A paced run finishes at its modelled end: the queue thread computes it and publishes that
+        time, and the waiting thread itself sleeps until it (``sleep_until``), so it returns within
+        microseconds of the device's end, as a card's completion would, rather than after a wake-up
+        from the queue thread (about 0.1 ms on a small virtual machine).
+        """
         future = self._future
-        if future is None:
-            return self._status
-        self._status = future.result()
+        if future is not None:
+            self._status = future.result()
+        sleep_until(self._ready_at)
         return self._status
 
     def submit(self, future: Future[QStatus]) -> None:
@@ -222,8 +233,20 @@ class ExecObj:
         return exc.status
 
     # -- execution -----------------------------------------------------------------------
-    def execute(self, queue_id: int = 0, enqueued: float | None = None) -> QStatus:
-        """Run once with the bound buffers (called on a queue thread, ``enqueued`` the host's enqueue time)."""
+    @property
+    def ready_at(self) -> float:
+        """``perf_counter`` time the last run finished (a paced run: its modelled end, maybe ahead)."""
+        return self._ready_at
+
+    def execute(
+        self, queue_id: int = 0, enqueued: float | None = None, not_before: float = 0.0, wait: bool = True
+    ) -> QStatus:
+        """Run once with the bound buffers (called on a queue thread, ``enqueued`` the host's enqueue time).
+
+        ``not_before``: when the queue's previous run ends (a queue runs its exec objects in order).
+        ``wait``: return at the run's end (a paced run's modelled end); a queue thread passes False and
+        the run's waiter sleeps until that end instead (``waitForCompletion``).
+        """
         start = time.perf_counter() if enqueued is None else enqueued
         program = self.program
         self.lastError = ""
@@ -237,7 +260,7 @@ class ExecObj:
                 # starts when it was enqueued, or once the one before it has finished if that is
                 # later. The queue thread picking the run up late (it waits for the host's
                 # interpreter) is the simulator's own delay, which a card's enqueue does not have.
-                device_start = max(start, program.device_free_at)
+                device_start = max(start, program.device_free_at, not_before)
                 status, spec, device_time = self._run(device_start)
         except Failure as exc:
             status, spec, device_time = self._fail(exc), -1, 0.0
@@ -247,9 +270,12 @@ class ExecObj:
                 -1,
                 0.0,
             )
-        wall = time.perf_counter() - start
-        self._account(status, spec, device_time, start, wall, queue_id, device_start)
+        end = self._ready_at if status == QStatus.SUCCESS else time.perf_counter()
+        self._ready_at = end
+        self._account(status, spec, device_time, start, end - start, queue_id, device_start)
         self._status = status
+        if wait:
+            sleep_until(end)
         return status
 
     def _run(self, start: float) -> tuple[QStatus, int, float]:
@@ -332,9 +358,13 @@ class ExecObj:
                 QStatus.TIMEDOUT,
                 f"modelled device time {device_time * 1000:.0f} ms exceeds dataPathTimeoutMs={timeout_ms}",
             )
-        if config.pace or config.pace_as:
-            sleep_until(start + device_time)
-        program.device_free_at = time.perf_counter()
+        # A paced run ends at its modelled time (the waiter sleeps until then, the queue thread
+        # does not): the next run on this program starts from that end, so a run queued behind it
+        # is computed while this one is still modelled as running.
+        now = time.perf_counter()
+        end = max(start + device_time, now) if config.pace or config.pace_as else now
+        program.device_free_at = end
+        self._ready_at = end
         return QStatus.SUCCESS, k, device_time
 
     def _account(

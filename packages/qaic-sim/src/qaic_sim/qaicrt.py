@@ -90,7 +90,8 @@ class Queue:
     the caller's thread inside ``enqueue`` (no hand-off to a worker and back): the run's result is
     the same and ``waitForCompletion`` returns at once. Paced runs, and runs enqueued while another
     is queued or running on a worker for the same devices, keep the worker threads, so exec objects
-    still overlap as on a card.
+    still overlap as on a card. A paced run's worker does not sleep out its modelled time: the run
+    ends, for its waiter and for the next run on its program or queue, at that modelled end.
     """
 
     _ids = 0
@@ -110,6 +111,7 @@ class Queue:
         self.id = Queue._ids
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._free_at = 0.0  # when the last run this queue started ends (paced: its modelled end)
 
     def initProperties(self, props: QAicQueueProperties) -> QStatus:
         if int(props.numThreadsPerQueue) < 1:
@@ -141,7 +143,11 @@ class Queue:
 
             def run() -> QStatus:
                 try:
-                    return exe.execute(self.id, enqueued)
+                    # One worker runs its exec objects in order: each starts once the one before ends.
+                    serial = int(self.props.numThreadsPerQueue) == 1
+                    status = exe.execute(self.id, enqueued, self._free_at if serial else 0.0, wait=False)
+                    self._free_at = max(self._free_at, exe.ready_at)
+                    return status
                 finally:  # before the result is set, so a caller woken by it may run inline at once
                     machine.queued(devices, -1)
 
