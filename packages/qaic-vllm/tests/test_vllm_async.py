@@ -136,6 +136,18 @@ def test_the_device_runs_the_next_step_while_vllm_updates_from_the_last(tiny_mod
     assert overlapped.size > 20 and (overlapped >= 1).mean() > 0.8, overlapped.tolist()
 
 
+def test_a_full_batch_of_greedy_rows_gives_the_same_output(tiny_model: Path) -> None:
+    """Every slot busy and greedy: the next decode takes the argmax of the device's logits as they
+    are (no copy of the rows) and starts before the requests have their tokens; same output."""
+    from vllm import SamplingParams
+
+    prompts = as_prompts([list(range(7, 7 + n)) for n in (5, 11, 8)])  # max_num_seqs is 3
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (30, 26, 33)]
+    sync = _generate(tiny_model, False, prompts, params)
+    assert _generate(tiny_model, True, prompts, params) == sync
+    assert [len(out[0][0]) for out in sync] == [30, 26, 33]
+
+
 # -- when it is on ---------------------------------------------------------------------------------------
 def _config(model: Path, *cli: str, **kwargs: Any) -> Any:
     """Engine arguments as ``vllm serve`` parses them, through the platform's config check."""

@@ -48,16 +48,17 @@ class PreparedDecodeRun:
     def __init__(self, run: PreparedRun, index: np.ndarray | None, slots: list[int]) -> None:
         self._run = run
         self._index = index
+        self._ids = run.array("input_ids")
         self.slots = slots
 
-    def submit(self, token_ids: Sequence[int]) -> LogitsHandle:
+    def submit(self, token_ids: Sequence[int] | np.ndarray) -> LogitsHandle:
         """One token per slot, in the order the positions were given; wait() gives slot -> logits."""
         if len(token_ids) != len(self.slots):
             raise QaicConfigError(
                 f"{len(token_ids)} tokens for a decode prepared for {len(self.slots)} slots: give one per slot"
             )
         if self._index is not None:
-            self._run.array("input_ids")[self._index, -1] = token_ids
+            self._ids[self._index, -1] = token_ids
         return LogitsHandle(self._run.submit(), _decode_pick(self.slots))
 
 

@@ -72,7 +72,7 @@ class PreparedRun:
 
     def array(self, name: str) -> np.ndarray:
         """The buffer bound for binding ``name``."""
-        return self._arrays[self._session.binding_index_map[name]]
+        return self._arrays[self._session.binding_index(name)]
 
     def submit(self) -> RunHandle:
         """Hand the run to its exec object; ``wait()`` on the handle gives its outputs."""
@@ -163,6 +163,10 @@ class QAICInferenceSession:
     @property
     def binding_index_map(self) -> dict[str, int]:
         return dict(self._index)
+
+    def binding_index(self, name: str) -> int:
+        """The index of binding ``name`` (``binding_index_map`` without copying the map)."""
+        return self._index[name]
 
     @property
     def allowed_shapes(self) -> list[list[tuple[int, list[int]]]]:

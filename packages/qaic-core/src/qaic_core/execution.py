@@ -233,7 +233,7 @@ class LogitRows(Mapping[int, np.ndarray]):
 class PreparedDecode(Protocol):
     """A full-batch decode made ready before its tokens are known (``StepModel.prepare_decode``)."""
 
-    def submit(self, token_ids: Sequence[int]) -> Pending[dict[int, np.ndarray]]:
+    def submit(self, token_ids: Sequence[int] | np.ndarray) -> Pending[dict[int, np.ndarray]]:
         """Write one token per prepared slot (in the order the positions were given) and start the run."""
         ...
 

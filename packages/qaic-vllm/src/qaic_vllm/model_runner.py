@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -295,8 +296,11 @@ class SlotModelRunner:
             # only what the next step needs (the device's logits, the sampled tokens) comes before
             # its launch. The sampler's history and the output vLLM reads follow the launch.
             prepared = self._prepare_next_decode(so, previous)
-            known = previous.settle(history=prepared is None)
             self._inflight = None
+            # The sampled tokens go into the prepared decode, and it starts, as soon as they are
+            # drawn: adding them to the requests and the step's output follow the launch.
+            hand_off = None if prepared is None else partial(self._launch_prepared, prepared)
+            known = previous.settle(history=prepared is None, hand_off=hand_off)
             if isinstance(known, QaicRunnerOutput) and known.failed:
                 fault = known
         if fault is not None and so.num_scheduled_tokens:
@@ -319,7 +323,9 @@ class SlotModelRunner:
             self.update_states(so)
             return ModelRunnerOutput(req_ids=[])  # vLLM reads no sampled output for an empty step
         if prepared is not None:
-            self._launch_prepared(prepared)
+            if not prepared.launched:
+                self._launch_prepared(prepared)
+            self._adopt_launch(prepared)
             assert previous is not None
             previous.record_history()
         else:
@@ -363,31 +369,54 @@ class SlotModelRunner:
                 return None  # not the token the step in flight samples
             states.append(state)
             positions.append(position)
+        rows = inflight.rows
+        if rows is None:
+            return None
+        order = {req_id: i for i, req_id in enumerate(rows.reqs)}
+        if any(req_id not in order for req_id in cached.req_ids):
+            return None
+        take = np.array([order[req_id] for req_id in cached.req_ids], dtype=np.int64)
         prepared = self.model.prepare_decode({s.slot: p for s, p in zip(states, positions, strict=True)})
         for state, position in zip(states, positions, strict=True):
             state.num_computed = position  # the scheduler's count; the decode adds one once started
-        return NextDecode(list(so.num_scheduled_tokens), list(cached.req_ids), states, positions, prepared)
+        return NextDecode(
+            list(so.num_scheduled_tokens), list(cached.req_ids), states, positions, prepared, take
+        )
 
-    def _launch_prepared(self, nxt: NextDecode) -> None:
-        """Write the tokens the last step sampled (each request's newest) into the prepared decode and start it."""
-        tokens = [state.token_ids[-1] for state in nxt.states]
+    def _launch_prepared(self, nxt: NextDecode, sampled: np.ndarray | None = None) -> None:
+        """Write the tokens the last step sampled into the prepared decode and start it.
+
+        ``sampled``: the last step's tokens in its sampling order, as soon as they are drawn (before
+        its requests have them); else each request's newest token. ``_adopt_launch`` then makes
+        the run the step in flight.
+        """
+        tokens: list[int] | np.ndarray = (
+            [state.token_ids[-1] for state in nxt.states] if sampled is None else sampled[nxt.take]
+        )
+        nxt.launched = True
         try:
-            handle = nxt.prepared.submit(tokens)
+            nxt.handle = nxt.prepared.submit(tokens)
         except QaicRuntimeError as exc:
-            self._inflight = InflightStep(
-                self, nxt.req_ids, StepPlan(), None, self._contain(exc, nxt.req_ids)
-            )
+            nxt.failed = self._contain(exc, nxt.req_ids)
+            return
+        nxt.tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else tokens
+
+    def _adopt_launch(self, nxt: NextDecode) -> None:
+        """The launched decode becomes the step in flight (its plan and the rows it samples)."""
+        if nxt.handle is None:
+            assert nxt.failed is not None
+            self._inflight = InflightStep(self, nxt.req_ids, StepPlan(), None, nxt.failed)
             return
         plan = StepPlan(
             decode={
                 state.slot: (token, position)
-                for state, token, position in zip(nxt.states, tokens, nxt.positions, strict=True)
+                for state, token, position in zip(nxt.states, nxt.tokens, nxt.positions, strict=True)
             },
             decode_reqs=nxt.order,
             sample_reqs=list(nxt.order),
         )
         step = LaunchedStep(self, plan)
-        step.decode = handle
+        step.decode = nxt.handle
         for state in nxt.states:
             state.num_computed += 1
         self._inflight = InflightStep(self, nxt.req_ids, plan, step, None, self._sample_rows(plan))
@@ -556,6 +585,7 @@ class SlotModelRunner:
             slot_index=index,
             greedy=self.sampler.all_plain_greedy(index),
             decoded=set(plain) <= set(plan.decode_reqs),
+            in_slot_order=slots == list(range(self.shape.num_slots)),
         )
 
     def _sample(
@@ -565,25 +595,32 @@ class SlotModelRunner:
         grammar: GrammarOutput | None = None,
         rows: SampleRows | None = None,
         history: bool = True,
+        hand_off: Callable[[np.ndarray], None] | None = None,
     ) -> tuple[dict[str, list[int]], dict[str, LogprobsLists]]:
         """Sample the step's tokens and add them to each request; ``rows`` when worked out at launch.
 
         ``history=False`` leaves the sampler's token history to ``record_history`` (after the next
-        launch, when no request came or went in between).
+        launch, when no request came or went in between). ``hand_off`` gets the batch's tokens (in
+        ``rows`` order) as soon as they are drawn, before any request has them.
         """
         out: dict[str, list[int]] = {}
         lp_rows: dict[str, LogprobsLists] = {}
         if rows is None:
             rows = self._sample_rows(plan)
         if rows.reqs:
-            batch = logits.batch(rows)[:, : self.vocab_size]
+            batch = logits.batch(rows, read_only=rows.greedy and grammar is None)[:, : self.vocab_size]
             if grammar is not None:
                 apply_grammar_bitmask(torch.from_numpy(batch), rows.reqs, grammar)
             lp: LogprobsLists | None = None
             if rows.greedy:  # the sampler's own fast path, decided at launch
-                tokens: list[int] = batch.argmax(axis=1).tolist()
+                drawn = batch.argmax(axis=1)
+                if hand_off is not None:
+                    hand_off(drawn)
+                tokens: list[int] = drawn.tolist()
             else:
                 tokens, lp = self.sampler.sample(batch, rows.slots, rows.positions)
+                if hand_off is not None:
+                    hand_off(np.asarray(tokens, dtype=np.int64))
             if history:
                 self.sampler.append_tokens(rows.slots, tokens)
             for i, req_id in enumerate(rows.reqs):
@@ -676,6 +713,13 @@ class NextDecode:
     states: list[RequestState]
     positions: list[int]
     prepared: PreparedDecode
+    take: np.ndarray
+    """Row of each request (in ``order``) among the rows the step before it samples."""
+    launched: bool = False
+    handle: Pending[dict[int, np.ndarray]] | None = None
+    tokens: list[int] = field(default_factory=list)
+    failed: QaicRunnerOutput | None = None
+    """The launch failed on the device: the output that reports it."""
 
 
 @dataclass
@@ -691,6 +735,8 @@ class SampleRows:
     """Every row is greedy without processors or logprobs: its token is the argmax of its logits."""
     decoded: bool
     """Every row is a decode row (not a prefill's last chunk): its logits are the decode's."""
+    in_slot_order: bool = False
+    """The rows are slots 0, 1, ... of every slot there is: a full batch, in slot order."""
 
 
 class StepLogits:
@@ -709,10 +755,15 @@ class StepLogits:
             raise KeyError(req_id)
         return np.asarray(self.decode[self.decode_slots[req_id]])
 
-    def batch(self, rows: SampleRows) -> np.ndarray:
-        """The logits of the rows, stacked: one take when all are the decode's."""
+    def batch(self, rows: SampleRows, read_only: bool = False) -> np.ndarray:
+        """The logits of the rows, stacked: one take when all are the decode's.
+
+        ``read_only``: the caller does not write into the result, so it may be the device's own array.
+        """
         decode = self.decode
         if rows.decoded and isinstance(decode, LogitRows):
+            if read_only and rows.in_slot_order:  # every slot, in order: the device's array as it is
+                return decode.matrix
             return decode.take(rows.slot_index)
         return np.stack([self[r].reshape(-1) for r in rows.reqs])
 
@@ -793,12 +844,14 @@ class InflightStep(AsyncModelRunnerOutput):
         self.sampled = False
         self.tokens: tuple[dict[str, list[int]], dict[str, LogprobsLists]] | None = None
 
-    def settle(self, history: bool = True) -> ModelRunnerOutput | None:
+    def settle(
+        self, history: bool = True, hand_off: Callable[[np.ndarray], None] | None = None
+    ) -> ModelRunnerOutput | None:
         """Wait for the device and sample the step's tokens (once): what the next step's inputs need.
 
         Returns the output when it is already known (a contained device fault), else None; the
         output itself is built by ``resolve``. ``history=False``: the sampler's token history waits
-        for ``record_history``.
+        for ``record_history``. ``hand_off``: given the sampled tokens first (``_sample``).
         """
         if self.output is not None or self.tokens is not None:
             return self.output
@@ -810,7 +863,7 @@ class InflightStep(AsyncModelRunnerOutput):
             self.output = runner._contain(exc, self.req_ids)
             return self.output
         with runner.observers.timed("sampling"):
-            self.tokens = runner._sample(self.plan, logits, self.grammar, self.rows, history)
+            self.tokens = runner._sample(self.plan, logits, self.grammar, self.rows, history, hand_off)
         if not history and self.rows is not None and self.rows.reqs:
             sampled = self.tokens[0]
             self._history = (self.rows.slots, [sampled[r][0] for r in self.rows.reqs])
