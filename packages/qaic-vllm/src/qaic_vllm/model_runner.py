@@ -585,7 +585,6 @@ class SlotModelRunner:
             slot_index=index,
             greedy=self.sampler.all_plain_greedy(index),
             decoded=set(plain) <= set(plan.decode_reqs),
-            in_slot_order=slots == list(range(self.shape.num_slots)),
         )
 
     def _sample(
@@ -608,12 +607,16 @@ class SlotModelRunner:
         if rows is None:
             rows = self._sample_rows(plan)
         if rows.reqs:
-            batch = logits.batch(rows, read_only=rows.greedy and grammar is None)[:, : self.vocab_size]
-            if grammar is not None:
-                apply_grammar_bitmask(torch.from_numpy(batch), rows.reqs, grammar)
             lp: LogprobsLists | None = None
-            if rows.greedy:  # the sampler's own fast path, decided at launch
-                drawn = batch.argmax(axis=1)
+            drawn: np.ndarray | None
+            if rows.greedy and grammar is None:  # the sampler's own fast path, decided at launch
+                drawn = logits.argmax(rows, self.vocab_size)
+            else:
+                batch = logits.batch(rows)[:, : self.vocab_size]
+                if grammar is not None:
+                    apply_grammar_bitmask(torch.from_numpy(batch), rows.reqs, grammar)
+                drawn = batch.argmax(axis=1) if rows.greedy else None
+            if drawn is not None:
                 if hand_off is not None:
                     hand_off(drawn)
                 tokens: list[int] = drawn.tolist()
@@ -735,8 +738,6 @@ class SampleRows:
     """Every row is greedy without processors or logprobs: its token is the argmax of its logits."""
     decoded: bool
     """Every row is a decode row (not a prefill's last chunk): its logits are the decode's."""
-    in_slot_order: bool = False
-    """The rows are slots 0, 1, ... of every slot there is: a full batch, in slot order."""
 
 
 class StepLogits:
@@ -755,15 +756,22 @@ class StepLogits:
             raise KeyError(req_id)
         return np.asarray(self.decode[self.decode_slots[req_id]])
 
-    def batch(self, rows: SampleRows, read_only: bool = False) -> np.ndarray:
-        """The logits of the rows, stacked: one take when all are the decode's.
+    def argmax(self, rows: SampleRows, vocab_size: int) -> np.ndarray:
+        """Each row's most likely token (of the first ``vocab_size``), in ``rows`` order.
 
-        ``read_only``: the caller does not write into the result, so it may be the device's own array.
+        When the rows are most of a decode's slots, the device's array is read as it is (no copy of
+        the rows first) and the rows' tokens picked from all slots' argmax.
         """
         decode = self.decode
+        if rows.decoded and isinstance(decode, LogitRows) and 2 * len(rows.slots) >= len(decode.matrix):
+            drawn: np.ndarray = decode.matrix[:, :vocab_size].argmax(axis=1)[rows.slot_index]
+            return drawn
+        return self.batch(rows)[:, :vocab_size].argmax(axis=1)  # type: ignore[no-any-return]
+
+    def batch(self, rows: SampleRows) -> np.ndarray:
+        """The logits of the rows, stacked: one take when all are the decode's."""
+        decode = self.decode
         if rows.decoded and isinstance(decode, LogitRows):
-            if read_only and rows.in_slot_order:  # every slot, in order: the device's array as it is
-                return decode.matrix
             return decode.take(rows.slot_index)
         return np.stack([self[r].reshape(-1) for r in rows.reqs])
 
