@@ -339,7 +339,8 @@ class SlotModelRunner:
         step in flight samples, and none arrives, finishes or is preempted. Anything else (None)
         takes the general path once the step in flight is sampled.
         """
-        if inflight.launched is None or inflight.output is not None or inflight.plan.verify:
+        rows = inflight.rows
+        if inflight.launched is None or inflight.output is not None or inflight.plan.verify or rows is None:
             return None
         if not so.num_scheduled_tokens:
             return None
@@ -353,12 +354,12 @@ class SlotModelRunner:
         cached = so.scheduled_cached_reqs
         if len(cached.req_ids) != len(so.num_scheduled_tokens):
             return None
-        sampled = set(inflight.plan.sample_reqs)
+        order = {req_id: i for i, req_id in enumerate(rows.reqs)}  # the rows the step in flight samples
         states: list[RequestState] = []
         positions: list[int] = []
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests.get(req_id)
-            if state is None or state.params is None or req_id not in sampled:
+            if state is None or state.params is None or req_id not in order:
                 return None
             if so.num_scheduled_tokens.get(req_id) != 1 or (
                 i < len(cached.new_token_ids) and cached.new_token_ids[i]
@@ -369,12 +370,6 @@ class SlotModelRunner:
                 return None  # not the token the step in flight samples
             states.append(state)
             positions.append(position)
-        rows = inflight.rows
-        if rows is None:
-            return None
-        order = {req_id: i for i, req_id in enumerate(rows.reqs)}
-        if any(req_id not in order for req_id in cached.req_ids):
-            return None
         take = np.array([order[req_id] for req_id in cached.req_ids], dtype=np.int64)
         prepared = self.model.prepare_decode({s.slot: p for s, p in zip(states, positions, strict=True)})
         for state, position in zip(states, positions, strict=True):
@@ -608,22 +603,20 @@ class SlotModelRunner:
             rows = self._sample_rows(plan)
         if rows.reqs:
             lp: LogprobsLists | None = None
-            drawn: np.ndarray | None
             if rows.greedy and grammar is None:  # the sampler's own fast path, decided at launch
                 drawn = logits.argmax(rows, self.vocab_size)
             else:
                 batch = logits.batch(rows)[:, : self.vocab_size]
                 if grammar is not None:
                     apply_grammar_bitmask(torch.from_numpy(batch), rows.reqs, grammar)
-                drawn = batch.argmax(axis=1) if rows.greedy else None
-            if drawn is not None:
-                if hand_off is not None:
-                    hand_off(drawn)
-                tokens: list[int] = drawn.tolist()
-            else:
-                tokens, lp = self.sampler.sample(batch, rows.slots, rows.positions)
-                if hand_off is not None:
-                    hand_off(np.asarray(tokens, dtype=np.int64))
+                if rows.greedy:
+                    drawn = batch.argmax(axis=1)
+                else:
+                    sampled, lp = self.sampler.sample(batch, rows.slots, rows.positions)
+                    drawn = np.asarray(sampled, dtype=np.int64)
+            if hand_off is not None:
+                hand_off(drawn)
+            tokens: list[int] = drawn.tolist()
             if history:
                 self.sampler.append_tokens(rows.slots, tokens)
             for i, req_id in enumerate(rows.reqs):
@@ -765,8 +758,9 @@ class StepLogits:
         decode = self.decode
         if rows.decoded and isinstance(decode, LogitRows) and 2 * len(rows.slots) >= len(decode.matrix):
             drawn: np.ndarray = decode.matrix[:, :vocab_size].argmax(axis=1)[rows.slot_index]
-            return drawn
-        return self.batch(rows)[:, :vocab_size].argmax(axis=1)  # type: ignore[no-any-return]
+        else:
+            drawn = self.batch(rows)[:, :vocab_size].argmax(axis=1)
+        return drawn
 
     def batch(self, rows: SampleRows) -> np.ndarray:
         """The logits of the rows, stacked: one take when all are the decode's."""
