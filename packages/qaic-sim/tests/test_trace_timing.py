@@ -223,3 +223,47 @@ def test_a_trace_without_run_dirs_shows_queued_runs_one_after_another_on_the_dev
     # back to back: the second starts where the first ends (to 1 ns, the float rounding of µs times)
     assert device[1]["ts"] >= device[0]["ts"] + device[0]["dur"] - 1e-3
     assert host[1]["ts"] < device[0]["ts"] + device[0]["dur"]  # enqueued while the first was running
+
+
+def test_a_queue_runs_its_exec_objects_one_after_another_in_paced_time(
+    kv: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two programs on one device, one run each on a single-threaded queue: the queue's worker hands
+    over the second only once the first has ended, so its device span starts at the first's modelled
+    end, though the two programs could run side by side (on two queues they overlap)."""
+    monkeypatch.setenv("QAIC_SIM_PACE_AS", "qwen2.5-0.5b")
+    reset_machine()
+    ctx = qaicrt.Context()
+    programs = [qaicrt.Program(ctx, 0, qaicrt.Qpc(str(kv))) for _ in range(2)]
+    for program in programs:
+        assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+
+    def spans(queues: list[qaicrt.Queue], name: str) -> list[dict]:
+        exes = [qaicrt.ExecObj(ctx, program) for program in programs]
+        for exe in exes:
+            exe.setData(
+                [
+                    (0, np.ones((2, 1, D), np.float32)),
+                    (1, np.array([[0], [0]])),
+                    (2, np.array([[0], [1]])),
+                    (4, np.zeros((2, D), np.float32)),
+                ]
+            )
+        get_machine().trace.start(tmp_path / name, run_dirs=False)
+        for queue, exe in zip(queues, exes, strict=True):
+            assert queue.enqueue(exe) == QStatus.SUCCESS
+        for exe in exes:
+            assert exe.waitForCompletion() == QStatus.SUCCESS
+        path = get_machine().trace.stop()
+        assert path is not None
+        events = json.loads(path.read_text())["traceEvents"]
+        return sorted((e for e in events if e["ph"] == "X" and e["cat"] == "device"), key=lambda e: e["ts"])
+
+    one = qaicrt.Queue(ctx, 0)
+    serial = spans([one, one], "one-queue")
+    assert len(serial) == 2 and serial[0]["dur"] > 5000  # µs
+    assert serial[1]["ts"] >= serial[0]["ts"] + serial[0]["dur"] - 1e-3  # to the float rounding of µs
+    side = spans([qaicrt.Queue(ctx, 0), qaicrt.Queue(ctx, 0)], "two-queues")
+    assert len(side) == 2 and side[1]["ts"] < side[0]["ts"] + side[0]["dur"]
+    for program in programs:
+        program.unload()
