@@ -202,16 +202,28 @@ def test_settings_that_disagree_with_the_program_are_refused(lm: CausalLM) -> No
         CausalLM(session, SETTINGS.replace(ctx_len=128))
 
 
-@pytest.fixture(scope="module")
-def batched_lm(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CausalLM]:
-    """Chunks of 16 with a 4-token prefill and a batched prefill of 3 rows x 4 tokens, 4 slots."""
-    settings = SETTINGS.replace(
-        prefill_seq_len=16, full_batch_size=4, prefill_seq_lens=(4, 8), prefill_batch_size=3
-    )
+def _compiled_lm(
+    tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory, **changes: Any
+) -> Iterator[CausalLM]:
+    """A CausalLM on a program compiled for SETTINGS with ``changes``; its session ends after use."""
+    settings = SETTINGS.replace(**changes)
     qpc = compile_model(tiny_llama, settings, qeff_home=tmp_path_factory.mktemp("qeff"), progress=False)
     session = QAICInferenceSession(qpc)
     yield CausalLM(session, settings)
     session.deactivate()
+
+
+@pytest.fixture(scope="module")
+def batched_lm(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CausalLM]:
+    """Chunks of 16 with a 4-token prefill and a batched prefill of 3 rows x 4 tokens, 4 slots."""
+    yield from _compiled_lm(
+        tiny_llama,
+        tmp_path_factory,
+        prefill_seq_len=16,
+        full_batch_size=4,
+        prefill_seq_lens=(4, 8),
+        prefill_batch_size=3,
+    )
 
 
 def test_a_chunk_runs_on_the_shortest_prefill_that_holds_it(
@@ -253,3 +265,35 @@ def test_a_batched_prefill_gives_each_slot_its_own_logits(
         batched_lm.submit_prefill_chunks([(1, prompts[3][:5], 0)])
     with pytest.raises(QaicConfigError, match="different slots"):
         batched_lm.submit_prefill_chunks([(1, short[0], 0), (1, short[1], 0)])
+
+
+@pytest.fixture(scope="module")
+def long_rows_lm(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CausalLM]:
+    """Chunks of 16 and a batched prefill of 2 rows x 16 tokens (prefill_batch_seq_len), 4 slots."""
+    yield from _compiled_lm(
+        tiny_llama,
+        tmp_path_factory,
+        prefill_seq_len=16,
+        full_batch_size=4,
+        prefill_batch_size=2,
+        prefill_batch_seq_len=16,
+    )
+
+
+def test_a_batched_prefill_of_long_rows_matches_transformers(
+    long_rows_lm: CausalLM, hf: Any, prompts: list[list[int]]
+) -> None:
+    assert (long_rows_lm.prefill_batch_size, long_rows_lm.prefill_batch_seq_len) == (2, 16)
+    first, second = prompts[0][:16], prompts[1][:11]
+    out = long_rows_lm.submit_prefill_chunks([(3, first, 0), (1, second, 0)]).wait()
+    np.testing.assert_allclose(out[0], _hf_last_logits(hf, first), atol=1e-4)
+    np.testing.assert_allclose(out[1], _hf_last_logits(hf, second), atol=1e-4)
+    # A second chunk continues each prompt at its position: greedy tokens then match transformers.
+    more = prompts[2][:7]
+    out = long_rows_lm.submit_prefill_chunks([(1, more, len(second))]).wait()
+    np.testing.assert_allclose(out[0], _hf_last_logits(hf, [*second, *more]), atol=1e-4)
+    token = int(np.argmax(_hf_last_logits(hf, first)))
+    rows = long_rows_lm.decode({3: (token, len(first))})
+    np.testing.assert_allclose(rows[3], _hf_last_logits(hf, [*first, token]), atol=1e-4)
+    with pytest.raises(QaicConfigError, match="at most 16 tokens"):
+        long_rows_lm.submit_prefill_chunks([(0, prompts[3][:17], 0)])

@@ -187,7 +187,33 @@ def test_shorter_and_batched_prefills_follow_the_decodes() -> None:
         ("Prefill", 1, 32),
         ("Prefill", 4, 32),
     ]
-    assert settings.prefill_lengths == (32, 64, 128) and settings.prefill_batch_seq_len == 32
+    assert settings.prefill_lengths == (32, 64, 128) and settings.batched_prefill_seq_len == 32
+
+
+def test_a_batched_prefill_of_long_rows() -> None:
+    settings = CompileSettings(
+        prefill_seq_len=128,
+        ctx_len=2048,
+        full_batch_size=8,
+        prefill_seq_lens=(32, 64),
+        prefill_batch_size=2,
+        prefill_batch_seq_len=128,
+    )
+    specs = program_config.specializations(settings, SYMBOLS)
+    assert [(s.name, s.symbols["batch_size"], s.symbols["seq_len"]) for s in specs][-1] == ("Prefill", 2, 128)
+    assert settings.batched_prefill_seq_len == 128
+    assert (
+        CompileSettings.from_mapping(
+            {**settings.to_dict(), "prefill_batch_seq_len": "64"}
+        ).prefill_batch_seq_len
+        == 64
+    )
+    with pytest.raises(
+        QaicConfigError, match=r"prefill_batch_seq_len \(256\) must be 1 \.\. prefill_seq_len \(128\)"
+    ):
+        settings.replace(prefill_batch_seq_len=256)
+    with pytest.raises(QaicConfigError, match="set --prefill-batch-size 2 or more"):
+        settings.replace(prefill_batch_size=1)
 
 
 def test_prefill_shapes_are_checked_and_keep_old_cache_keys() -> None:
@@ -204,6 +230,7 @@ def test_prefill_shapes_are_checked_and_keep_old_cache_keys() -> None:
     backend = get_plugin_manager().select_device_backend()
     plain = compile_params(CompileSettings(full_batch_size=4), backend)
     assert "prefill_seq_lens" not in plain["settings"] and "prefill_batch_size" not in plain["settings"]
+    assert "prefill_batch_seq_len" not in plain["settings"]
     batched = compile_params(
         CompileSettings(full_batch_size=4, prefill_seq_lens=(16,), prefill_batch_size=2), backend
     )

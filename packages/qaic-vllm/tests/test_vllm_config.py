@@ -151,6 +151,21 @@ def test_mxint8_and_mxfp6_on_the_command_line(tiny_model: Path) -> None:
             "device_group",
         ),
         ({"additional_config": {"override_qaic_config": {"qpc_path": "/nonexistent/qpc"}}}, {}, "qpc_path"),
+        (
+            {"additional_config": {"override_qaic_config": {"max_num_partial_prefills": 5}}},
+            {},
+            "max_num_partial_prefills (5) exceeds --max-num-seqs (4)",
+        ),
+        (
+            {"additional_config": {"override_qaic_config": {"max_num_partial_prefills": 0}}},
+            {},
+            "max_num_partial_prefills=0 must be >= 1",
+        ),
+        (
+            {"additional_config": {"override_qaic_config": {"prefill_batch_seq_len": 128}}},
+            {},
+            "set --prefill-batch-size 2 or more",
+        ),
         ({}, {"VLLM_QAIC_NUM_CORES": "lots"}, "VLLM_QAIC_NUM_CORES"),
         ({}, {"VLLM_QAIC_DFS_EN": "maybe"}, "VLLM_QAIC_DFS_EN"),
         ({"pipeline_parallel_size": 2}, {}, "num_devices"),
@@ -234,7 +249,7 @@ def test_override_keys_are_the_settings_tables() -> None:
     from qaic_vllm.config import OVERRIDE_KEYS
 
     overridable = {key for spec in SETTINGS.values() if spec.override for key in spec.keys}
-    assert overridable | {"qpc_path"} == OVERRIDE_KEYS
+    assert overridable | {"qpc_path", "max_num_partial_prefills"} == OVERRIDE_KEYS
     assert {"mxfp6_matmul", "mxint8_kv_cache", "dfs", "aic_num_cores"} <= OVERRIDE_KEYS
     # What an engine argument decides is not an override.
     assert not {"ctx_len", "full_batch_size", "prefill_seq_len", "convert_to_fp16"} & OVERRIDE_KEYS

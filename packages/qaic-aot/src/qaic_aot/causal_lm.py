@@ -89,7 +89,7 @@ class CausalLM:
         self.vocab_size = int(bindings["logits"].dims[-1])
         self.prefill_lens = settings.prefill_lengths
         self.prefill_batch_size = settings.prefill_batch_size
-        self.prefill_batch_seq_len = settings.prefill_batch_seq_len or 0
+        self.prefill_batch_seq_len = settings.batched_prefill_seq_len or 0
         self._check_kv_geometry(bindings)
         self._check_prefill_shape(session)
         self.decode_exec = DECODE_EXEC

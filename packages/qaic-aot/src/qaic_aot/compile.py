@@ -33,6 +33,7 @@ COMPILE_INDEPENDENT = frozenset({"device_group"})
 KEYED_WHEN_SET = {
     "prefill_seq_lens": [],
     "prefill_batch_size": 1,
+    "prefill_batch_seq_len": None,
     "ccl_enabled": False,
     "comp_ctx_lengths_prefill": [],
     "comp_ctx_lengths_decode": [],

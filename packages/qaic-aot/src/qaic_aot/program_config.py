@@ -92,8 +92,8 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
         specs += spec("Decode", decode_batch, decode_len, decode_len)
     for length in sorted(set(s.prefill_seq_lens) - {s.prefill_seq_len}, reverse=True):
         specs += spec("Prefill", prefill_batch, length, 1)
-    if s.prefill_batch_seq_len is not None:
-        specs += spec("Prefill", s.prefill_batch_size, s.prefill_batch_seq_len, 1)
+    if s.batched_prefill_seq_len is not None:
+        specs += spec("Prefill", s.prefill_batch_size, s.batched_prefill_seq_len, 1)
     if symbols is not None:
         specs = [
             Specialization(sp.name, {k: v for k, v in sp.symbols.items() if k in symbols}) for sp in specs

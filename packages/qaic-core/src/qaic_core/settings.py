@@ -170,10 +170,17 @@ class CompileSettings:
     )
     prefill_batch_size: int = _setting(
         1,
-        "prompts prefilled together in one run of the shortest prefill chunk (continuous batching)",
+        "prompts prefilled together in one batched run of prefill_batch_seq_len tokens per row (continuous batching)",
         parse_int,
         flag="--prefill-batch-size",
         limit="1 .. `full_batch_size`",
+    )
+    prefill_batch_seq_len: int | None = _setting(
+        None,
+        "tokens per row of the batched prefill; unset: the shortest prefill chunk",
+        parse_int,
+        flag="--prefill-batch-seq-len",
+        limit="1 .. `prefill_seq_len`, with `prefill_batch_size` > 1",
     )
     ctx_len: int = _setting(
         128,
@@ -336,9 +343,12 @@ class CompileSettings:
         )
 
     @property
-    def prefill_batch_seq_len(self) -> int | None:
-        """Tokens per row of the batched prefill (the shortest chunk), or None without one."""
-        return self.prefill_lengths[0] if self.prefill_batch_size > 1 else None
+    def batched_prefill_seq_len(self) -> int | None:
+        """Tokens per row of the batched prefill (``prefill_batch_seq_len``, else the shortest chunk),
+        or None without one."""
+        if self.prefill_batch_size < 2:
+            return None
+        return self.prefill_batch_seq_len or self.prefill_lengths[0]
 
     def validate(self) -> None:
         _positive("prefill_seq_len", self.prefill_seq_len)
@@ -368,6 +378,18 @@ class CompileSettings:
                 f"prefill_batch_size ({self.prefill_batch_size}) must not exceed full_batch_size "
                 f"({self.full_batch_size}): lower {_flag('prefill_batch_size')}"
             )
+        if self.prefill_batch_seq_len is not None:
+            if not 1 <= self.prefill_batch_seq_len <= self.prefill_seq_len:
+                raise QaicConfigError(
+                    f"prefill_batch_seq_len ({self.prefill_batch_seq_len}) must be 1 .. prefill_seq_len "
+                    f"({self.prefill_seq_len}): fix {_flag('prefill_batch_seq_len')}"
+                )
+            if self.prefill_batch_size < 2:
+                raise QaicConfigError(
+                    f"prefill_batch_seq_len ({self.prefill_batch_seq_len}) shapes the batched prefill, and "
+                    f"prefill_batch_size is {self.prefill_batch_size} (none): set {_flag('prefill_batch_size')} "
+                    f"2 or more, or leave out {_flag('prefill_batch_seq_len')}"
+                )
         if not 1 <= self.num_cores <= MAX_CORES_PER_SOC:
             raise QaicConfigError(
                 f"num_cores ({self.num_cores}) must be between 1 and {MAX_CORES_PER_SOC} "

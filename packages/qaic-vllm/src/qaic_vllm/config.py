@@ -30,6 +30,7 @@ EXECUTION_MODES = {"aot": "aot", "pyt": "pyt", "eager": "pyt"}
 OVERRIDE_KEY = "override_qaic_config"
 VLLM_ONLY_KEYS: dict[str, str] = {
     "qpc_path": "a prebuilt QPC directory to serve instead of compiling (checked against the model)",
+    "max_num_partial_prefills": "prompts the scheduler lets be in prefill at once (default 1)",
 }
 """``override_qaic_config`` keys that are not compile settings."""
 OVERRIDE_KEYS = frozenset(
@@ -158,6 +159,7 @@ def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> E
     shapes = prefill_shapes(values, prefill_seq_len, full_batch_size, bool(values.get("qpc_path")))
     kwargs["prefill_seq_lens"] = shapes.seq_lens
     kwargs["prefill_batch_size"] = shapes.batch_size
+    kwargs["prefill_batch_seq_len"] = shapes.given_batch_seq_len
     devices = None
     if "num_cores" not in values:
         devices = group_devices(kwargs.get("device_group"), int(kwargs.get("num_devices", 1)))
@@ -177,10 +179,14 @@ def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> E
     if choose_shape and qpc_path is None:
         if devices is None:
             devices = group_devices(settings.device_group, settings.num_devices)
-        plain = settings.replace(prefill_seq_lens=(), prefill_batch_size=1)
+        plain = settings.replace(prefill_seq_lens=(), prefill_batch_size=1, prefill_batch_seq_len=None)
         settings = fit_shape(vllm_config, plain, devices, model_dir_of(str(model_config.model)))
         shapes = prefill_shapes(values, settings.prefill_seq_len, settings.decode_batch_size, False)
-        settings = settings.replace(prefill_seq_lens=shapes.seq_lens, prefill_batch_size=shapes.batch_size)
+        settings = settings.replace(
+            prefill_seq_lens=shapes.seq_lens,
+            prefill_batch_size=shapes.batch_size,
+            prefill_batch_seq_len=shapes.given_batch_seq_len,
+        )
     return EngineSettings(
         compile=settings, qpc_path=qpc_path, dtype=dtype, execution_path=execution_path_of(vllm_config)
     )

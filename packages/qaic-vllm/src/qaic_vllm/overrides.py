@@ -34,6 +34,8 @@ log = logging.getLogger("qaic.vllm")
 OVERRIDE_KEY = "override_qaic_config"
 QPC_PATH = "qpc_path"
 PREFILL_SEQ_LEN = "prefill_seq_len"
+PARTIAL_PREFILLS = "max_num_partial_prefills"
+"""How many prompts may be in prefill at once (the scheduler's admission; not a compile setting)."""
 FLAG_KEYS = frozenset({"mdts_mos", "aic_pmu_recipe"})
 """vllm-qaic keys that QEfficient passes to the compiler as flags of the same name."""
 
@@ -51,12 +53,12 @@ def overridable(key: str) -> bool:
 def known_keys() -> list[str]:
     """Every key ``override_qaic_config`` takes (for error messages)."""
     ours = {key for spec in SETTINGS.values() if spec.override for key in spec.keys}
-    return sorted(ours | set(vendor.OVERRIDE_KEYS) | {QPC_PATH, PREFILL_SEQ_LEN})
+    return sorted(ours | set(vendor.OVERRIDE_KEYS) | {QPC_PATH, PREFILL_SEQ_LEN, PARTIAL_PREFILLS})
 
 
 def read_override(raw: Any, where: str) -> dict[str, Any]:
     """One ``override_qaic_config``-style dict -> setting values by name, plus ``qpc_path``,
-    ``prefill_seq_len`` and the extra flags in ``compiler_args``. Unsupported features are refused."""
+    ``prefill_seq_len``, ``max_num_partial_prefills`` and the extra flags in ``compiler_args``. Unsupported features are refused."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
@@ -88,7 +90,9 @@ def read_override(raw: Any, where: str) -> dict[str, Any]:
     unknown = sorted(
         k
         for k in cfg
-        if not (overridable(k) or k in vendor.OVERRIDE_KEYS or k in (QPC_PATH, PREFILL_SEQ_LEN))
+        if not (
+            overridable(k) or k in vendor.OVERRIDE_KEYS or k in (QPC_PATH, PREFILL_SEQ_LEN, PARTIAL_PREFILLS)
+        )
         and not vendor.compiler_flag_key(k)
     )
     if engine or unknown:
@@ -124,8 +128,8 @@ def read_override(raw: Any, where: str) -> dict[str, Any]:
             by_name[spec.name] = named
         elif key == QPC_PATH:
             values[QPC_PATH] = str(raw_value)
-        elif key == PREFILL_SEQ_LEN:
-            values[PREFILL_SEQ_LEN] = _positive(raw_value, what(key))
+        elif key in (PREFILL_SEQ_LEN, PARTIAL_PREFILLS):
+            values[key] = _positive(raw_value, what(key))
         elif key == "node_precision_info":
             flags.extend(_node_precision(raw_value, what(key)))
         elif key in FLAG_KEYS or (key not in vendor.OVERRIDE_KEYS and vendor.compiler_flag_key(key)):

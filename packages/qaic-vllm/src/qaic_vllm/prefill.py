@@ -4,8 +4,8 @@ Besides ``prefill_seq_len`` (``--long-prefill-token-threshold``), the engine com
 prefill chunks (halves of it, down to ``MIN_PREFILL_SEQ_LEN``): a chunk runs on the shortest that
 holds it. With continuous batching it also compiles a batched prefill of the shortest chunk, with
 as many rows as fit the same token budget, so a burst of short prompts is prefilled together
-instead of one by one. ``override_qaic_config`` ``prefill_seq_lens`` / ``prefill_batch_size``
-choose them instead; a prebuilt program (``qpc_path``) keeps what it was compiled with.
+instead of one by one. ``override_qaic_config`` ``prefill_seq_lens`` / ``prefill_batch_size`` /
+``prefill_batch_seq_len`` (the batched prefill's row length) choose them instead; a prebuilt program (``qpc_path``) keeps what it was compiled with.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qaic_vllm.overrides import read_overrides
+from qaic_core.errors import QaicConfigError
+from qaic_vllm.overrides import PARTIAL_PREFILLS, read_overrides
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -27,14 +28,14 @@ MAX_EXTRA_LENGTHS = 2
 
 @dataclass(frozen=True)
 class PrefillShapes:
-    """The extra prefill lengths and the batched prefill's rows (1: no batched prefill)."""
+    """The extra prefill lengths, the batched prefill's rows (1: no batched prefill) and its row length
+    (0 without one)."""
 
     seq_lens: tuple[int, ...]
     batch_size: int
-
-    @property
-    def batch_seq_len(self) -> int:
-        return min(self.seq_lens) if self.batch_size > 1 and self.seq_lens else 0
+    batch_seq_len: int = 0
+    given_batch_seq_len: int | None = None
+    """``prefill_batch_seq_len`` as given (None: the shortest chunk), for the compile settings."""
 
 
 def auto_lengths(prefill_seq_len: int) -> tuple[int, ...]:
@@ -55,13 +56,16 @@ def prefill_shapes(
         lengths = tuple(n for n in values["prefill_seq_lens"] if n != prefill_seq_len)
     else:
         lengths = () if prebuilt else auto_lengths(prefill_seq_len)
+    given = values.get("prefill_batch_seq_len")
+    given_width = int(given) if given is not None else None
+    width = given_width or min(lengths, default=prefill_seq_len)
     if "prefill_batch_size" in values:
         batch = int(values["prefill_batch_size"])
     elif prebuilt or not lengths:
         batch = 1
     else:
-        batch = max(1, min(prefill_seq_len // min(lengths), full_batch_size))
-    return PrefillShapes(lengths, batch)
+        batch = max(1, min(prefill_seq_len // width, full_batch_size))
+    return PrefillShapes(lengths, batch, width if batch > 1 else 0, given_width)
 
 
 def engine_prefill_shapes(vllm_config: VllmConfig) -> PrefillShapes:
@@ -73,3 +77,25 @@ def engine_prefill_shapes(vllm_config: VllmConfig) -> PrefillShapes:
         prefill or int(vllm_config.model_config.max_model_len), int(vllm_config.model_config.max_model_len)
     )
     return prefill_shapes(values, prefill, int(sched.max_num_seqs), bool(values.get("qpc_path")))
+
+
+def prefill_budget(prefill_seq_len: int, partial: int, shapes: PrefillShapes) -> int:
+    """Prefill tokens one step may schedule: a chunk for each of ``partial`` prompts, or a full batched
+    prefill, whichever is more."""
+    return max(partial * prefill_seq_len, shapes.batch_size * shapes.batch_seq_len)
+
+
+def engine_partial_prefills(vllm_config: VllmConfig, max_num_seqs: int | None = None) -> int:
+    """``override_qaic_config`` ``max_num_partial_prefills``: prompts in prefill at once (default 1).
+
+    More than one lets a step start a prompt in every free slot, as a generation loop that refills
+    its slots does, at the cost of running several prefills before the running streams' next token.
+    """
+    n = int(read_overrides(vllm_config).get(PARTIAL_PREFILLS, 1))
+    seqs = int(max_num_seqs or vllm_config.scheduler_config.max_num_seqs)
+    if n > seqs:
+        raise QaicConfigError(
+            f"override_qaic_config {PARTIAL_PREFILLS} ({n}) exceeds --max-num-seqs ({seqs}): at most one "
+            f"prompt per KV slot is in prefill; lower {PARTIAL_PREFILLS} or raise --max-num-seqs"
+        )
+    return n

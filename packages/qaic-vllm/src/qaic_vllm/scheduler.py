@@ -1,11 +1,14 @@
 """vLLM's scheduler shaped for a static-shape device: prefill chunks of one token budget beside all decodes.
 
 Each step schedules every running decode (one full-batch decode run on the device) and prefill
-chunks of at most ``prefill_seq_len`` tokens in all, so a long new prompt is fed in chunks between
-decode steps instead of freezing the running streams. One prompt is in prefill at a time, except
-that a burst of short prompts (each fitting the batched prefill's length) starts together, up to
-the batched prefill's rows, when the program has one. When observers are registered (the
-``qaic_observers`` hook), each ``schedule()`` reports its time as the ``schedule`` phase.
+chunks of at most ``prefill_seq_len`` tokens each, so a long new prompt is fed in chunks between
+decode steps instead of freezing the running streams. By default one prompt is in prefill at a
+time, except that a burst of short prompts (each fitting the batched prefill's length) starts
+together, up to the batched prefill's rows, when the program has one. ``override_qaic_config``
+``max_num_partial_prefills`` N lets up to N prompts be in prefill at once (a chunk each per step):
+free slots fill sooner, and the running streams wait for those prefills. When observers are
+registered (the ``qaic_observers`` hook), each ``schedule()`` reports its time as the ``schedule``
+phase.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from qaic_core import get_plugin_manager
-from qaic_vllm.prefill import engine_prefill_shapes
+from qaic_vllm.prefill import engine_partial_prefills, engine_prefill_shapes, prefill_budget
 from qaic_vllm.runner_output import QaicRunnerOutput
 
 log = logging.getLogger("qaic.vllm.scheduler")
 
 
 class QaicScheduler(AsyncScheduler):
-    """At most ``prefill_seq_len`` prefill tokens per step; one prompt at a time unless several short ones fit.
+    """Chunks of at most ``prefill_seq_len`` tokens; ``max_num_partial_prefills`` prompts in prefill at once
+    (default one), and a burst of short prompts together when the program has a batched prefill.
 
     Under asynchronous scheduling it is vLLM's AsyncScheduler: the tokens the step in flight will
     sample are placeholders, so the next step's decodes are scheduled before that step's output comes
@@ -41,9 +45,10 @@ class QaicScheduler(AsyncScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.observers = get_plugin_manager().observers()
-        shapes = engine_prefill_shapes(self.vllm_config)
-        self.prefill_batch = shapes.batch_size
-        self.prefill_batch_seq_len = shapes.batch_seq_len
+        self.prefill_shapes = engine_prefill_shapes(self.vllm_config)
+        self.prefill_batch = self.prefill_shapes.batch_size
+        self.prefill_batch_seq_len = self.prefill_shapes.batch_seq_len
+        self.max_num_partial_prefills = engine_partial_prefills(self.vllm_config)
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         if self.scheduler_config.async_scheduling:
@@ -61,20 +66,23 @@ class QaicScheduler(AsyncScheduler):
     def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         prefill_seq_len = self._prefill_seq_len()
         decode_tokens = 0
-        prefilling = False
+        prefilling = 0
         for request in self.running:
             remaining = request.num_tokens - request.num_computed_tokens
             if remaining > 1:
-                prefilling = True
+                prefilling += 1
             else:
                 decode_tokens += 1 + len(request.spec_token_ids)  # drafts are verified in the same row
         saved_active = self.max_num_active_reqs
         saved_budget = self.max_num_scheduled_tokens
-        # One prefill at a time (or a batch of short ones): admit only when nobody is in prefill.
-        limit = len(self.running) if prefilling else len(self.running) + self._admissible()
-        self.max_num_active_reqs = min(saved_active, limit)
-        # Budget: one token (and its drafts) per decode plus one prefill chunk.
-        self.max_num_scheduled_tokens = min(saved_budget, decode_tokens + prefill_seq_len)
+        # Up to max_num_partial_prefills prompts in prefill (or a batch of short ones when none is).
+        admit = max(0, self.max_num_partial_prefills - prefilling)
+        if not prefilling:
+            admit = max(admit, self._admissible())
+        self.max_num_active_reqs = min(saved_active, len(self.running) + admit)
+        # Budget: one token (and its drafts) per decode plus a chunk per prompt in prefill.
+        prefill = prefill_budget(prefill_seq_len, self.max_num_partial_prefills, self.prefill_shapes)
+        self.max_num_scheduled_tokens = min(saved_budget, decode_tokens + prefill)
         try:
             return super().schedule(throttle_prefills)
         finally:
