@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,11 +54,20 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
     """One paragraph per report key."""
     from qaic_bench.embedding import METHOD as EMBEDDING_METHOD
 
+    additional = s.serve_shape.additional_config()
+    served = f" --additional-config '{json.dumps(additional)}'" if additional else ""
     workload = (
         f"{s.num_prompts} requests of {s.input_len} prompt tokens and exactly {s.output_len} output tokens "
         f"(`--ignore-eos`), at most {s.batch} in flight, on a program compiled for `--max-num-seqs {s.batch} "
-        f"--max-model-len {s.max_model_len} --long-prefill-token-threshold {s.prefill_seq_len} --dtype {dtype}`"
+        f"--max-model-len {s.max_model_len} --long-prefill-token-threshold {s.prefill_seq_len} --dtype {dtype}"
+        f"{served}`"
     )
+    if additional:
+        workload += (
+            f" (every free slot starts a prompt in the next step, up to {s.serve_shape.max_num_partial_prefills} "
+            f"prompts in prefill at once, and the prefill runs {s.serve_prefill_batch} prompts of up to "
+            f"{s.prefill_seq_len} tokens together; the raw loop runs the same program)"
+        )
     raw = results.get("raw_paced") or {}
     paced = results.get("serve_paced") or {}
     unpaced = results.get("serve_unpaced") or {}

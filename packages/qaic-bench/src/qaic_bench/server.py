@@ -38,14 +38,32 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class ServeShape:
-    """The engine arguments that decide the compiled program: batch, context and prefill chunk."""
+    """The engine arguments that decide the compiled program and its prefill scheduling: batch, context,
+    prefill chunk, and the ``override_qaic_config`` prefill keys (0: the plugin's default)."""
 
     max_num_seqs: int
     max_model_len: int
     prefill_seq_len: int
+    prefill_batch_size: int = 0
+    prefill_batch_seq_len: int = 0
+    max_num_partial_prefills: int = 0
+
+    def overrides(self) -> dict[str, int]:
+        """The ``override_qaic_config`` keys this shape sets."""
+        keys = {
+            "prefill_batch_size": self.prefill_batch_size,
+            "prefill_batch_seq_len": self.prefill_batch_seq_len,
+            "max_num_partial_prefills": self.max_num_partial_prefills,
+        }
+        return {key: value for key, value in keys.items() if value}
+
+    def additional_config(self) -> dict[str, Any] | None:
+        """``--additional-config`` for the overrides, or None without any."""
+        overrides = self.overrides()
+        return {"override_qaic_config": overrides} if overrides else None
 
     def args(self) -> list[str]:
-        return [
+        args = [
             "--max-num-seqs",
             str(self.max_num_seqs),
             "--max-model-len",
@@ -53,6 +71,10 @@ class ServeShape:
             "--long-prefill-token-threshold",
             str(self.prefill_seq_len),
         ]
+        additional = self.additional_config()
+        if additional:
+            args += ["--additional-config", json.dumps(additional)]
+        return args
 
 
 @dataclass

@@ -37,6 +37,11 @@ class BenchSettings:
     spec_ks: tuple[int, ...] = (1, 2, 4)
     spec_input_len: int = 48
     spec_output_len: int = 48
+    serve_prefill_batch: int = 2
+    """Rows of the served program's batched prefill, each of ``prefill_seq_len`` tokens (parts 0, 1, 10)."""
+    serve_partial_prefills: int | None = None
+    """``max_num_partial_prefills`` of the served engine; None: the batch (every free slot starts a
+    prompt in the next step, as the raw loop refills its slots)."""
 
     @classmethod
     def preset(cls, name: str, pace_as: str = DEFAULT_PACE_AS) -> BenchSettings:
@@ -56,7 +61,14 @@ class BenchSettings:
 
     @property
     def serve_shape(self) -> ServeShape:
-        return ServeShape(self.batch, self.max_model_len, self.prefill_seq_len)
+        return ServeShape(
+            self.batch,
+            self.max_model_len,
+            self.prefill_seq_len,
+            prefill_batch_size=self.serve_prefill_batch,
+            prefill_batch_seq_len=self.prefill_seq_len if self.serve_prefill_batch > 1 else 0,
+            max_num_partial_prefills=self.serve_partial_prefills or self.batch,
+        )
 
     @property
     def workload(self) -> Workload:

@@ -21,11 +21,12 @@ def compile_settings(shape: ServeShape, dtype: str) -> CompileSettings:
     from qaic_vllm.prefill import prefill_shapes
 
     prefill = min(shape.prefill_seq_len, shape.max_model_len)
-    shapes = prefill_shapes({}, prefill, shape.max_num_seqs, prebuilt=False)
+    shapes = prefill_shapes(shape.overrides(), prefill, shape.max_num_seqs, prebuilt=False)
     return CompileSettings(
         prefill_seq_len=prefill,
         prefill_seq_lens=shapes.seq_lens,  # the plugin's shorter and batched prefills
         prefill_batch_size=shapes.batch_size,
+        prefill_batch_seq_len=shapes.given_batch_seq_len,
         ctx_len=shape.max_model_len,
         batch_size=1,
         full_batch_size=shape.max_num_seqs,
