@@ -148,7 +148,7 @@ def paced_load(
             long_prefill_token_threshold=shape.prefill_seq_len,
             dtype=dtype,  # type: ignore[arg-type]
             async_scheduling=async_scheduling,
-            additional_config=shape.additional_config(),
+            additional_config=shape.additional_config() or {},
             seed=0,
         )
         vocab = llm.get_tokenizer().vocab_size
