@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings
 from qaic_vllm import envs
-from qaic_vllm.overrides import read_overrides
+from qaic_vllm.overrides import PARTIAL_PREFILLS, read_overrides
 from qaic_vllm.prefill import prefill_shapes
 from qaic_vllm.sizing import device_cores, fit_shape, group_devices
 
@@ -52,6 +52,8 @@ class EngineSettings:
     dtype: str
     execution_path: str = "aot"
     """The qaic-core execution path that opens the model (``aot``: a compiled program)."""
+    max_num_partial_prefills: int = 1
+    """Requests the scheduler lets be in prefill at once (``override_qaic_config``)."""
 
 
 def execution_path_of(vllm_config: VllmConfig | None) -> str:
@@ -187,8 +189,18 @@ def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> E
             prefill_batch_size=shapes.batch_size,
             prefill_batch_seq_len=shapes.given_batch_seq_len,
         )
+    partial = int(values.get(PARTIAL_PREFILLS, 1))
+    if partial > settings.decode_batch_size:
+        raise QaicConfigError(
+            f"{source} {PARTIAL_PREFILLS} ({partial}) exceeds --max-num-seqs ({settings.decode_batch_size}): "
+            f"at most one prompt per KV slot is in prefill; lower {PARTIAL_PREFILLS} or raise --max-num-seqs"
+        )
     return EngineSettings(
-        compile=settings, qpc_path=qpc_path, dtype=dtype, execution_path=execution_path_of(vllm_config)
+        compile=settings,
+        qpc_path=qpc_path,
+        dtype=dtype,
+        execution_path=execution_path_of(vllm_config),
+        max_num_partial_prefills=partial,
     )
 
 

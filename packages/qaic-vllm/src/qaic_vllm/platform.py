@@ -19,7 +19,7 @@ from qaic_vllm import envs
 from qaic_vllm.config import engine_settings, execution_path_of
 from qaic_vllm.faults import FaultSettings, check_devices, config_reported, install_exit_report
 from qaic_vllm.overrides import adopt_engine_args
-from qaic_vllm.prefill import PrefillShapes, engine_partial_prefills, prefill_budget
+from qaic_vllm.prefill import prefill_budget
 from qaic_vllm.quantization import register_mxfp6, register_mxint8_kv_cache
 from qaic_vllm.sizing import apply_shape, install_batch_default_probe
 from qaic_vllm.speculative.config import with_speculation
@@ -214,14 +214,8 @@ class QaicPlatform(Platform):
         prefill = settings.compile.prefill_seq_len
         full_batch = settings.compile.decode_batch_size
         decode_tokens = full_batch * settings.compile.decode_seq_len  # 1 + K per row with speculation
-        shapes = PrefillShapes(
-            settings.compile.prefill_seq_lens,
-            settings.compile.prefill_batch_size,
-            settings.compile.batched_prefill_seq_len or 0,
-        )
-        budget = decode_tokens + prefill_budget(
-            prefill, engine_partial_prefills(vllm_config, full_batch), shapes
-        )
+        batch_tokens = settings.compile.prefill_batch_size * (settings.compile.batched_prefill_seq_len or 0)
+        budget = decode_tokens + prefill_budget(prefill, settings.max_num_partial_prefills, batch_tokens)
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls in ("auto", "", None):

@@ -5,7 +5,8 @@ prefill chunks (halves of it, down to ``MIN_PREFILL_SEQ_LEN``): a chunk runs on 
 holds it. With continuous batching it also compiles a batched prefill of the shortest chunk, with
 as many rows as fit the same token budget, so a burst of short prompts is prefilled together
 instead of one by one. ``override_qaic_config`` ``prefill_seq_lens`` / ``prefill_batch_size`` /
-``prefill_batch_seq_len`` (the batched prefill's row length) choose them instead; a prebuilt program (``qpc_path``) keeps what it was compiled with.
+``prefill_batch_seq_len`` (the batched prefill's row length) choose them instead; a prebuilt
+program (``qpc_path``) keeps what it was compiled with.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qaic_core.errors import QaicConfigError
-from qaic_vllm.overrides import PARTIAL_PREFILLS, read_overrides
+from qaic_vllm.overrides import read_overrides
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -36,6 +36,11 @@ class PrefillShapes:
     batch_seq_len: int = 0
     given_batch_seq_len: int | None = None
     """``prefill_batch_seq_len`` as given (None: the shortest chunk), for the compile settings."""
+
+    @property
+    def batch_tokens(self) -> int:
+        """Tokens one batched prefill run takes (0 without one)."""
+        return self.batch_size * self.batch_seq_len
 
 
 def auto_lengths(prefill_seq_len: int) -> tuple[int, ...]:
@@ -68,9 +73,11 @@ def prefill_shapes(
     return PrefillShapes(lengths, batch, width if batch > 1 else 0, given_width)
 
 
-def engine_prefill_shapes(vllm_config: VllmConfig) -> PrefillShapes:
-    """The shapes the engine's program has, from its configuration (the scheduler plans with them)."""
-    values = read_overrides(vllm_config)
+def engine_prefill_shapes(vllm_config: VllmConfig, values: Mapping[str, Any] | None = None) -> PrefillShapes:
+    """The shapes the engine's program has, from its configuration (the scheduler plans with them);
+    ``values``: the engine's overrides when already read."""
+    if values is None:
+        values = read_overrides(vllm_config)
     sched = vllm_config.scheduler_config
     prefill = int(values.get("prefill_seq_len") or sched.long_prefill_token_threshold or 0)
     prefill = min(
@@ -79,23 +86,7 @@ def engine_prefill_shapes(vllm_config: VllmConfig) -> PrefillShapes:
     return prefill_shapes(values, prefill, int(sched.max_num_seqs), bool(values.get("qpc_path")))
 
 
-def prefill_budget(prefill_seq_len: int, partial: int, shapes: PrefillShapes) -> int:
-    """Prefill tokens one step may schedule: a chunk for each of ``partial`` prompts, or a full batched
-    prefill, whichever is more."""
-    return max(partial * prefill_seq_len, shapes.batch_size * shapes.batch_seq_len)
-
-
-def engine_partial_prefills(vllm_config: VllmConfig, max_num_seqs: int | None = None) -> int:
-    """``override_qaic_config`` ``max_num_partial_prefills``: prompts in prefill at once (default 1).
-
-    More than one lets a step start a prompt in every free slot, as a generation loop that refills
-    its slots does, at the cost of running several prefills before the running streams' next token.
-    """
-    n = int(read_overrides(vllm_config).get(PARTIAL_PREFILLS, 1))
-    seqs = int(max_num_seqs or vllm_config.scheduler_config.max_num_seqs)
-    if n > seqs:
-        raise QaicConfigError(
-            f"override_qaic_config {PARTIAL_PREFILLS} ({n}) exceeds --max-num-seqs ({seqs}): at most one "
-            f"prompt per KV slot is in prefill; lower {PARTIAL_PREFILLS} or raise --max-num-seqs"
-        )
-    return n
+def prefill_budget(prefill_seq_len: int, partial: int, batch_tokens: int) -> int:
+    """Prefill tokens one step may schedule: a chunk for each of ``partial`` prompts in prefill, or a
+    full batched prefill (``batch_tokens``: rows x row length), whichever is more."""
+    return max(partial * prefill_seq_len, batch_tokens)

@@ -26,7 +26,8 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from qaic_core import get_plugin_manager
-from qaic_vllm.prefill import engine_partial_prefills, engine_prefill_shapes, prefill_budget
+from qaic_vllm.overrides import PARTIAL_PREFILLS, read_overrides
+from qaic_vllm.prefill import engine_prefill_shapes, prefill_budget
 from qaic_vllm.runner_output import QaicRunnerOutput
 
 log = logging.getLogger("qaic.vllm.scheduler")
@@ -45,10 +46,15 @@ class QaicScheduler(AsyncScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.observers = get_plugin_manager().observers()
-        self.prefill_shapes = engine_prefill_shapes(self.vllm_config)
-        self.prefill_batch = self.prefill_shapes.batch_size
-        self.prefill_batch_seq_len = self.prefill_shapes.batch_seq_len
-        self.max_num_partial_prefills = engine_partial_prefills(self.vllm_config)
+        values = read_overrides(self.vllm_config)  # checked at start-up (qaic_vllm.config.engine_settings)
+        shapes = engine_prefill_shapes(self.vllm_config, values)
+        self.prefill_batch = shapes.batch_size
+        self.prefill_batch_seq_len = shapes.batch_seq_len
+        self.max_num_partial_prefills = int(values.get(PARTIAL_PREFILLS, 1))
+        # Prefill tokens per step: a chunk per prompt in prefill, or a full batched prefill.
+        self.prefill_tokens = prefill_budget(
+            self._prefill_seq_len(), self.max_num_partial_prefills, shapes.batch_tokens
+        )
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         if self.scheduler_config.async_scheduling:
@@ -64,7 +70,6 @@ class QaicScheduler(AsyncScheduler):
             return self._schedule(throttle_prefills)
 
     def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
-        prefill_seq_len = self._prefill_seq_len()
         decode_tokens = 0
         prefilling = 0
         for request in self.running:
@@ -80,9 +85,8 @@ class QaicScheduler(AsyncScheduler):
         if not prefilling:
             admit = max(admit, self._admissible())
         self.max_num_active_reqs = min(saved_active, len(self.running) + admit)
-        # Budget: one token (and its drafts) per decode plus a chunk per prompt in prefill.
-        prefill = prefill_budget(prefill_seq_len, self.max_num_partial_prefills, self.prefill_shapes)
-        self.max_num_scheduled_tokens = min(saved_budget, decode_tokens + prefill)
+        # Budget: one token (and its drafts) per decode plus the prefill chunks.
+        self.max_num_scheduled_tokens = min(saved_budget, decode_tokens + self.prefill_tokens)
         try:
             return super().schedule(throttle_prefills)
         finally:
