@@ -122,6 +122,10 @@ def test_the_eager_mode_leaves_vllms_scheduler_and_prefix_caching_on(tiny_model:
             },
             "override_qaic_config aic_enable_depth_first, override_qaic_config mos",
         ),
+        (
+            {"additional_config": {**PYT, "override_qaic_config": {"max_num_partial_prefills": 2}}},
+            "override_qaic_config max_num_partial_prefills sets how the aot mode's scheduler admits prompts",
+        ),
     ],
 )
 def test_aot_only_features_fail_at_start_up_naming_the_mode(

@@ -161,6 +161,16 @@ def test_a_draft_with_another_tokenizer_is_refused(tiny_model: Path, tmp_path: P
         pass
 
 
+def test_a_draft_override_of_the_targets_scheduling_is_refused(tiny_model: Path) -> None:
+    speculative = {"method": "draft_model", "model": str(tiny_model), "num_speculative_tokens": K}
+    draft = {"draft_override_qaic_config": {"num_cores": 4, "max_num_partial_prefills": 2}}
+    refused = pytest.raises(
+        Exception, match=r"sets \['max_num_partial_prefills'\]: a draft's shapes and scheduling"
+    )
+    with refused, engine(tiny_model, speculative, additional_config=draft):
+        pass
+
+
 def _sampler(vocab: int, temperature: float, seed: int | None = None) -> Any:
     from vllm import SamplingParams
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ExecutionConfig
 from qaic_vllm import envs
 from qaic_vllm.config import EXECUTION_MODE_KEY, OVERRIDE_KEY, engine_settings
+from qaic_vllm.overrides import PARTIAL_PREFILLS
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -38,15 +39,16 @@ EAGER_KEYS = frozenset({"device_group", "num_devices"})
 """``override_qaic_config`` keys that mean something without a compiled program (where to run)."""
 
 
-def compiler_settings_given(vllm_config: VllmConfig) -> list[str]:
-    """The ``override_qaic_config`` keys and ``VLLM_QAIC_*`` variables given that only compiling uses."""
+def _override_values(vllm_config: VllmConfig) -> dict[str, Any]:
+    """The ``override_qaic_config`` keys given with a value, as given."""
     additional = vllm_config.additional_config
     overrides = additional.get(OVERRIDE_KEY) if isinstance(additional, dict) else None
-    given = [
-        f"override_qaic_config {key}"
-        for key, value in (overrides.items() if isinstance(overrides, dict) else ())
-        if value is not None and key not in EAGER_KEYS
-    ]
+    return {k: v for k, v in overrides.items() if v is not None} if isinstance(overrides, dict) else {}
+
+
+def compiler_settings_given(vllm_config: VllmConfig) -> list[str]:
+    """The ``override_qaic_config`` keys and ``VLLM_QAIC_*`` variables given that only compiling uses."""
+    given = [f"override_qaic_config {key}" for key in _override_values(vllm_config) if key not in EAGER_KEYS]
     for var in (*envs.ENV_SETTINGS, envs.VLLM_QAIC_QPC_PATH):
         if os.environ.get(var, "").strip():
             given.append(var)
@@ -72,6 +74,12 @@ def configure_paged(vllm_config: VllmConfig, path: ExecutionPath) -> None:
             f"execution mode: drop it, or use the aot mode {SWITCH_TO_AOT}"
         )
     validate_model(vllm_config, path)
+    if PARTIAL_PREFILLS in _override_values(vllm_config):
+        raise QaicConfigError(
+            f"override_qaic_config {PARTIAL_PREFILLS} sets how the aot mode's scheduler admits prompts; the "
+            f"{path.name} (eager) execution mode schedules with vLLM's own scheduler: drop it, or use the aot "
+            f"mode {SWITCH_TO_AOT}"
+        )
     given = compiler_settings_given(vllm_config)
     if given:
         raise QaicConfigError(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import CompileSettings
-from qaic_vllm.overrides import draft_override
+from qaic_vllm.overrides import OVERRIDE_KEY, PARTIAL_PREFILLS, draft_override
 from qaic_vllm.sizing import device_cores, group_devices
 
 if TYPE_CHECKING:
@@ -104,10 +104,11 @@ def _draft_settings(vllm_config: VllmConfig, engine: EngineSettings, k: int) -> 
     target_dir = model_dir_of(str(vllm_config.model_config.model))
     check_same_vocabulary(target_dir, draft_dir)
     raw = draft_override(_additional(vllm_config), DRAFT_OVERRIDE_KEY)
-    shapes = sorted(set(raw) & {"prefill_seq_len"})
+    shapes = sorted(set(raw) & {"prefill_seq_len", PARTIAL_PREFILLS})
     if shapes:
         raise QaicConfigError(
-            f"--additional-config {DRAFT_OVERRIDE_KEY} sets {shapes}: a draft's shapes follow the target's"
+            f"--additional-config {DRAFT_OVERRIDE_KEY} sets {shapes}: a draft's shapes and scheduling follow "
+            f"the target's (set them in {OVERRIDE_KEY})"
         )
     qpc_raw = raw.pop("qpc_path", None)
     target = engine.compile
