@@ -382,13 +382,15 @@ class CompileSettings:
             if not 1 <= self.prefill_batch_seq_len <= self.prefill_seq_len:
                 raise QaicConfigError(
                     f"prefill_batch_seq_len ({self.prefill_batch_seq_len}) must be 1 .. prefill_seq_len "
-                    f"({self.prefill_seq_len}): fix {_flag('prefill_batch_seq_len')}"
+                    f"({self.prefill_seq_len}): fix {_flag('prefill_batch_seq_len')} (override_qaic_config "
+                    "prefill_batch_seq_len under vLLM)"
                 )
             if self.prefill_batch_size < 2:
                 raise QaicConfigError(
                     f"prefill_batch_seq_len ({self.prefill_batch_seq_len}) shapes the batched prefill, and "
                     f"prefill_batch_size is {self.prefill_batch_size} (none): set {_flag('prefill_batch_size')} "
-                    f"2 or more, or leave out {_flag('prefill_batch_seq_len')}"
+                    f"2 or more, or leave out {_flag('prefill_batch_seq_len')} (override_qaic_config "
+                    "prefill_batch_size / prefill_batch_seq_len under vLLM)"
                 )
         if not 1 <= self.num_cores <= MAX_CORES_PER_SOC:
             raise QaicConfigError(

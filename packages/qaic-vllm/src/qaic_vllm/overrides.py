@@ -58,7 +58,8 @@ def known_keys() -> list[str]:
 
 def read_override(raw: Any, where: str) -> dict[str, Any]:
     """One ``override_qaic_config``-style dict -> setting values by name, plus ``qpc_path``,
-    ``prefill_seq_len``, ``max_num_partial_prefills`` and the extra flags in ``compiler_args``. Unsupported features are refused."""
+    ``prefill_seq_len``, ``max_num_partial_prefills`` and the extra flags in ``compiler_args``.
+    Unsupported features are refused."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
