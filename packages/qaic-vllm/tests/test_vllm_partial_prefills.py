@@ -39,11 +39,18 @@ def llm(tiny_model: Path, steps: StepRecorder) -> Iterator[Any]:
         yield engine
 
 
-def _prompts(llm: Any, n: int, length: int) -> list[list[int]]:
+def _generate_as_transformers(
+    llm: Any, hf_greedy: Callable[..., list[int]], steps: StepRecorder, n: int, length: int, new: int
+) -> None:
+    """``n`` prompts of ``length`` tokens generated together; each output equals transformers' greedy one."""
     tok = llm.get_tokenizer()
     text = "Questions and answers about rivers, mountains, cities and the weather of the world. " * 4
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    return [ids[i : i + length] for i in range(n)]
+    prompts = [ids[i : i + length] for i in range(n)]
+    steps.steps.clear()
+    outs = llm.generate(as_prompts(prompts), greedy(new))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert list(out.outputs[0].token_ids) == hf_greedy(prompt, new)
 
 
 def test_the_batched_prefill_has_rows_of_the_full_chunk(llm: Any) -> None:
@@ -55,11 +62,7 @@ def test_the_batched_prefill_has_rows_of_the_full_chunk(llm: Any) -> None:
 def test_every_free_slot_starts_a_prompt_in_one_step(
     llm: Any, hf_greedy: Callable[..., list[int]], steps: StepRecorder
 ) -> None:
-    prompts = _prompts(llm, 4, 27)
-    steps.steps.clear()
-    outs = llm.generate(as_prompts(prompts), greedy(8))
-    for prompt, out in zip(prompts, outs, strict=True):
-        assert list(out.outputs[0].token_ids) == hf_greedy(prompt, 8)
+    _generate_as_transformers(llm, hf_greedy, steps, 4, 27, 8)
     first = steps.steps[0]
     # All four prompts start in the first step, two rows of 32 tokens per batched run.
     assert first.prefill_tokens == 4 * 27
@@ -69,11 +72,7 @@ def test_every_free_slot_starts_a_prompt_in_one_step(
 def test_long_prompts_are_fed_a_chunk_each_per_step(
     llm: Any, hf_greedy: Callable[..., list[int]], steps: StepRecorder
 ) -> None:
-    prompts = _prompts(llm, 3, 45)
-    steps.steps.clear()
-    outs = llm.generate(as_prompts(prompts), greedy(6))
-    for prompt, out in zip(prompts, outs, strict=True):
-        assert list(out.outputs[0].token_ids) == hf_greedy(prompt, 6)
+    _generate_as_transformers(llm, hf_greedy, steps, 3, 45, 6)
     prefills = [s.prefill_tokens for s in steps.steps if s.prefill_tokens]
     # Three prompts in prefill together: a full chunk each, then their 13-token tails.
     assert prefills == [3 * CHUNK, 3 * (45 - CHUNK)]
