@@ -38,7 +38,7 @@ class BenchSettings:
     spec_input_len: int = 48
     spec_output_len: int = 48
     serve_prefill_batch: int = 2
-    """Rows of the served program's batched prefill, each of ``prefill_seq_len`` tokens (parts 0, 1, 10)."""
+    """Rows of the served program's batched prefill, each of ``prefill_seq_len`` tokens (parts 1, 5, 10)."""
     serve_partial_prefills: int | None = None
     """``max_num_partial_prefills`` of the served engine; None: the batch (every free slot starts a
     prompt in the next step, as the raw loop refills its slots)."""
