@@ -156,6 +156,45 @@ def test_held_state_is_written_in_place_and_supplied_inputs_are_not(qpc: Path) -
     s.deactivate()
 
 
+def test_fp16_program_rounds_a_supplied_kv_and_updates_the_held_kv_in_place(
+    tmp_path: Path, weights: QeffWeights
+) -> None:
+    """-convert-to-fp16: a float32 KV the caller hands in enters as fp16 values; the held KV is
+    updated where it lies, as in a float32 program, and keeps fp16 values."""
+    onnx_path = write_qeff_model(tmp_path / "model.onnx", weights)
+    qpc16 = compile_program(
+        tmp_path / "qpc16", onnx_path, specs(), flags=("-retained-state", "-convert-to-fp16")
+    )
+    manifest, _ = qpcfile.read_manifest(qpcfile.find_program(qpc16))
+    assert manifest.convert_to_fp16 and manifest.in_place == ("past_key.0", "past_value.0")
+    r16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    kv = np.random.default_rng(4).standard_normal((SLOTS, 2, CTX, 8)).astype(np.float32)
+    assert not np.array_equal(kv, r16(kv))
+    s = QeffStyleSession(qaicrt, aicapi, str(qpc16), device_ids=[0])
+    inputs = {
+        "input_ids": np.ones((1, CHUNK), np.int64),
+        "position_ids": np.arange(CHUNK, dtype=np.int64)[None],
+        "batch_index": np.array([[1]], np.int64),
+        "comp_ctx_lengths": np.zeros(CTX, np.int64),
+        "logits": np.zeros((1, 1, VOCAB), np.float32),
+        "past_key.0_RetainedState": np.zeros_like(kv),
+        "past_value.0_RetainedState": np.zeros_like(kv),
+    }
+    out = s.run({**inputs, "past_key.0": kv, "past_value.0": kv})
+    kept = out["past_key.0_RetainedState"]
+    np.testing.assert_array_equal(kept[0], r16(kv[0]))  # the other slot: the supplied values at fp16
+    np.testing.assert_array_equal(kept[1, :, CHUNK:], r16(kv[1, :, CHUNK:]))
+    s.skip_buffers(["past_key.0", "past_value.0"])
+    s.run({**inputs, "position_ids": np.array([[CHUNK, -1, -1, -1]], np.int64)})
+    held = s.program.state["past_key.0"]
+    s.run({**inputs, "position_ids": np.array([[CHUNK + 1, -1, -1, -1]], np.int64)})
+    assert s.program.state["past_key.0"] is held  # written in place, not replaced by a copy
+    np.testing.assert_array_equal(held, r16(held))
+    np.testing.assert_array_equal(held[0], r16(kv[0]))
+    np.testing.assert_array_equal(held[1, :, :CHUNK], kept[1, :, :CHUNK])
+    s.deactivate()
+
+
 def test_compute_context_length_is_charged_per_specialization(qpc: Path) -> None:
     manifest, _ = qpcfile.read_manifest(qpcfile.find_program(qpc))
     costs = {(spec.name, spec.symbols["comp_ctx_lengths"]): spec.cost for spec in manifest.specs}

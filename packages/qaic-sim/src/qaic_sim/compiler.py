@@ -66,7 +66,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
         mx_weights = transforms.quantize_matmul_weights(model)
     if opts.convert_to_fp16:
         transforms.round_weights_fp16(model, skip=mx_weights)
-        transforms.round_activations_fp16(model)
+        transforms.round_activations_fp16(model, held=set(retained))
 
     with kv_ops.device_kernels(model):
         model_bytes = model.SerializeToString()

@@ -309,14 +309,14 @@ class ExecObj:
             if direction == Direction.IN:
                 state = program.state_array(b, spec.dims[b.index]).copy()
                 region = tuple(slice(s, s + n) for s, n in zip(starts, arr.shape, strict=True))
-                state[region] = arr
+                state[region] = program.state_values(arr)
                 program.store_state(b, state)
         feeds: dict[str, np.ndarray] = {}
         in_place: dict[str, np.ndarray] = {}
         for b in image.inputs:
             given = self._arrays[b.index]
             if given is not None:
-                arr = given
+                arr = program.state_values(given) if b.name in image.retained else given
             else:
                 if b.name not in image.retained:
                     raise Failure(

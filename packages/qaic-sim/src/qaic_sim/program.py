@@ -293,12 +293,23 @@ class Program:
             arr = np.zeros(dims, dtype=b.dtype)
             self.state[b.name] = arr
             return arr
-        arr = mx.decode_mxint8(held) if isinstance(held, mx.MxTensor) else held
+        arr = self.state_values(mx.decode_mxint8(held)) if isinstance(held, mx.MxTensor) else held
         if arr.shape != dims:
             grown = np.zeros(dims, dtype=arr.dtype)
             region = tuple(slice(0, min(a, n)) for a, n in zip(arr.shape, dims, strict=True))
             grown[region] = arr[region]
             arr = grown
+        return arr
+
+    def state_values(self, arr: np.ndarray) -> np.ndarray:
+        """Values the host hands to retained state, as the program's datapath holds them.
+
+        An fp16 program (-convert-to-fp16) rounds float32 values to fp16 here, on the way in: its
+        graph does not round retained-state inputs, so the state it updates in place stays exactly
+        the fp16 values the card would hold.
+        """
+        if self.image.manifest.convert_to_fp16 and arr.dtype == np.float32:
+            return mx.round_fp16(arr)
         return arr
 
     def holds(self, b: Binding, arr: np.ndarray) -> bool:

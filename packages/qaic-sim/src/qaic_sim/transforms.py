@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import numpy as np
 import onnx
@@ -84,11 +85,14 @@ def _rounding(src: str, dst: str) -> list[onnx.NodeProto]:
     ]
 
 
-def round_activations_fp16(model: onnx.ModelProto) -> int:
+def round_activations_fp16(model: onnx.ModelProto, held: Collection[str] = ()) -> int:
     """Round float graph inputs, and the output of every float-producing compute node, to fp16.
 
     The graph keeps float32 tensors so every onnxruntime CPU kernel is available; the values
-    it carries are those an fp16 datapath would hold.
+    it carries are those an fp16 datapath would hold. Inputs named in ``held`` (retained state) are
+    left as they come: the runtime feeds them fp16 values (the program's own rounded outputs, or a
+    host buffer it rounds first), so the cache is neither copied twice per run nor kept from being
+    updated in place.
     """
     floats = _float_values(model)
     graph = model.graph
@@ -98,7 +102,7 @@ def round_activations_fp16(model: onnx.ModelProto) -> int:
     renames: dict[str, str] = {}
     for value in graph.input:
         # Float inputs enter the fp16 datapath: round them first.
-        if value.name in inits or value.type.tensor_type.elem_type != TensorProto.FLOAT:
+        if value.name in inits or value.name in held or value.type.tensor_type.elem_type != TensorProto.FLOAT:
             continue
         rounded = f"{value.name}__qaic_in16"
         nodes.extend(_rounding(value.name, rounded))
