@@ -187,9 +187,13 @@ def test_rejection_sampling_keeps_the_target_distribution() -> None:
     logits = torch.tensor([[1.0, 0.5, 0.0, -0.5, 2.0, 0.2], [0.3, 0.1, 1.5, 0.0, -1.0, 0.7]])
     target = torch.softmax(logits[0], dim=-1).numpy()
     draws = 20000
+    numpy_state = np.random.get_state()
     np.random.seed(20)  # the sampler's shared stream is seeded from numpy's: one fixed run, not a flaky one
-    for draft in (4, 1):  # the likeliest token, then an unlikely one
-        sampler = _sampler(vocab, 1.0)
+    try:
+        samplers = [_sampler(vocab, 1.0) for _ in range(2)]
+    finally:
+        np.random.set_state(numpy_state)  # other tests keep numpy's stream as they found it
+    for draft, sampler in zip((4, 1), samplers, strict=True):  # the likeliest token, then an unlikely one
         counts = np.zeros(vocab)
         second = np.zeros(vocab)
         for _ in range(draws):

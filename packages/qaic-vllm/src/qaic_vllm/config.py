@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from qaic_core.errors import QaicConfigError
 from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings
 from qaic_vllm import envs
-from qaic_vllm.overrides import PARTIAL_PREFILLS, read_overrides
+from qaic_vllm.overrides import PARTIAL_PREFILLS, partial_prefills, read_overrides
 from qaic_vllm.prefill import prefill_shapes
 from qaic_vllm.sizing import device_cores, fit_shape, group_devices
 
@@ -189,7 +189,7 @@ def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> E
             prefill_batch_size=shapes.batch_size,
             prefill_batch_seq_len=shapes.given_batch_seq_len,
         )
-    partial = int(values.get(PARTIAL_PREFILLS, 1))
+    partial = partial_prefills(values)
     if partial > settings.decode_batch_size:
         raise QaicConfigError(
             f"{source} {PARTIAL_PREFILLS} ({partial}) exceeds --max-num-seqs ({settings.decode_batch_size}): "

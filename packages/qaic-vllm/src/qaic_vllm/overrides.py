@@ -50,6 +50,11 @@ def overridable(key: str) -> bool:
     return spec is not None and spec.override
 
 
+def partial_prefills(values: Mapping[str, Any]) -> int:
+    """``max_num_partial_prefills`` from :func:`read_overrides` values (checked there); 1 when not given."""
+    return int(values.get(PARTIAL_PREFILLS, 1))
+
+
 def known_keys() -> list[str]:
     """Every key ``override_qaic_config`` takes (for error messages)."""
     ours = {key for spec in SETTINGS.values() if spec.override for key in spec.keys}

@@ -26,7 +26,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from qaic_core import get_plugin_manager
-from qaic_vllm.overrides import PARTIAL_PREFILLS, read_overrides
+from qaic_vllm.overrides import partial_prefills, read_overrides
 from qaic_vllm.prefill import engine_prefill_shapes, prefill_budget
 from qaic_vllm.runner_output import QaicRunnerOutput
 
@@ -50,7 +50,7 @@ class QaicScheduler(AsyncScheduler):
         shapes = engine_prefill_shapes(self.vllm_config, values)
         self.prefill_batch = shapes.batch_size
         self.prefill_batch_seq_len = shapes.batch_seq_len
-        self.max_num_partial_prefills = int(values.get(PARTIAL_PREFILLS, 1))
+        self.max_num_partial_prefills = partial_prefills(values)
         # Prefill tokens per step: a chunk per prompt in prefill, or a full batched prefill.
         self.prefill_tokens = prefill_budget(
             self._prefill_seq_len(), self.max_num_partial_prefills, shapes.batch_tokens
