@@ -17,7 +17,7 @@ from onnx import TensorProto
 from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError, QaicError
 from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, Specialization
-from qaic_sim import aicapi, costing, kv_ops, mx, transforms
+from qaic_sim import aicapi, costing, kv_ops, kv_shared, mx, transforms
 from qaic_sim.compiler_flags import CompileOptions, parse_argv
 from qaic_sim.config import QAIC_SIM_TIMING
 from qaic_sim.machine import get_machine
@@ -68,7 +68,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
         transforms.round_weights_fp16(model, skip=mx_weights)
         transforms.round_activations_fp16(model, held=set(retained))
 
-    with kv_ops.device_kernels(model):
+    with kv_ops.device_kernels(model), kv_shared.shared_indices(model):
         model_bytes = model.SerializeToString()
     _check_executable(model_bytes, opts.model)
     probe = _OutputProbe(model_bytes)

@@ -253,6 +253,14 @@ _BUILDERS = {
 """The known ops by name and formal inputs (as both exporters write them), and their fast bodies."""
 
 
+def kernel_kind(function: onnx.FunctionProto) -> str | None:
+    """``"scatter"`` or ``"gather"`` for a known KV op signature (which gets a device body), else None."""
+    if function.domain != KV_OPS_DOMAIN or len(function.output) != 1:
+        return None
+    build = _BUILDERS.get((function.name, tuple(function.input)))
+    return None if build is None else ("scatter" if build is scatter_function else "gather")
+
+
 def in_place_state(model: onnx.ModelProto, retained: dict[str, str]) -> frozenset[str]:
     """Retained-state inputs the device kernels may update in place.
 
