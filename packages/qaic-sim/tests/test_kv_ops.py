@@ -198,3 +198,16 @@ def test_device_kernels_restore_the_exported_bodies() -> None:
         assert replaced == {"CtxGather"}
         assert model.functions[0].node[-1].op_type == "If"
     assert model.functions[0] == original
+
+
+def test_more_indices_than_the_context_read_every_index() -> None:
+    """Indices past a shorter cache (a sliding-window layer's) are invalid, not a shorter result."""
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((F, H, 8, D)).astype(np.float32)
+    rows = np.array([0, 1], np.int64)
+    ci = np.broadcast_to(np.arange(C), (2, 1, C)).copy()
+    got = _run(
+        _device("CtxGatherCB", ["data", "batch_index", "ctx_indices"]),
+        {"data": data, "batch_index": rows.reshape(-1, 1), "ctx_indices": ci},
+    )
+    _gather_check(data, rows, ci, got)

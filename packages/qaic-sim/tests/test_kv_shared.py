@@ -23,8 +23,11 @@ def _placeholder(name: str, inputs: list[str]) -> onnx.FunctionProto:
     return helper.make_function(QC, name, inputs, ["out"], [], [helper.make_opsetid("", 17)])
 
 
-def _model(cb: bool, declared: bool = True) -> onnx.ModelProto:
-    """LAYERS layers, each writing then reading a key and a value cache with the same indices."""
+def _model(cb: bool, declared: bool = True, window_layer: int | None = None) -> onnx.ModelProto:
+    """LAYERS layers, each writing then reading a key and a value cache with the same indices.
+
+    The caches of ``window_layer`` have a context of their own (``window``, as a sliding-window layer).
+    """
     index = ["batch_index"] if cb else []
     suffix = "CB" if cb else ""
     f = helper.make_tensor_value_info
@@ -37,7 +40,8 @@ def _model(cb: bool, declared: bool = True) -> onnx.ModelProto:
     for layer in range(LAYERS):
         for kind in ("key", "value"):
             cache, upd = f"past_{kind}.{layer}", f"{kind}_update.{layer}"
-            inputs.append(f(cache, TensorProto.FLOAT, CACHE_DIMS if declared else None))
+            dims = CACHE_DIMS if layer != window_layer else ["full_batch_size", H, "window", D]
+            inputs.append(f(cache, TensorProto.FLOAT, dims if declared else None))
             inputs.append(f(upd, TensorProto.FLOAT, ["batch_size", H, "seq_len", D]))
             written, read = f"{cache}_RetainedState", f"{kind}_read.{layer}"
             nodes.append(
@@ -74,7 +78,9 @@ def _run(
     return dict(zip(names, session.run(names, feeds), strict=True)), program
 
 
-def _feeds(rows: list[int], pos: list[list[int]], ci: np.ndarray, cb: bool) -> dict[str, np.ndarray]:
+def _feeds(
+    rows: list[int], pos: list[list[int]], ci: np.ndarray, cb: bool, window: dict[int, int] | None = None
+) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
     b, s = len(pos), len(pos[0])
     feeds = {"position_ids": np.array(pos, np.int64), "ctx_indices": ci.astype(np.int64)}
@@ -82,7 +88,8 @@ def _feeds(rows: list[int], pos: list[list[int]], ci: np.ndarray, cb: bool) -> d
         feeds["batch_index"] = np.array(rows, np.int64).reshape(-1, 1)
     for layer in range(LAYERS):
         for kind in ("key", "value"):
-            feeds[f"past_{kind}.{layer}"] = rng.standard_normal((F, H, C, D)).astype(np.float32)
+            ctx = (window or {}).get(layer, C)
+            feeds[f"past_{kind}.{layer}"] = rng.standard_normal((F, H, ctx, D)).astype(np.float32)
             feeds[f"{kind}_update.{layer}"] = rng.standard_normal((b, H, s, D)).astype(np.float32)
     return feeds
 
@@ -94,17 +101,18 @@ def _check(feeds: dict[str, np.ndarray], got: dict[str, np.ndarray], rows: list[
         for kind in ("key", "value"):
             cache = f"past_{kind}.{layer}"
             want = feeds[cache].copy()
+            ctx = want.shape[2]
             upd = feeds[f"{kind}_update.{layer}"]
             for b, row in enumerate(rows):
                 for s, p in enumerate(pos[b]):
-                    if 0 <= p < C:
+                    if 0 <= p < ctx:
                         want[row, :, p] = upd[b, :, s]
             np.testing.assert_array_equal(got[f"{cache}_RetainedState"], want)
             read = got[f"{kind}_read.{layer}"]
             assert read.shape == (len(rows), H, ci.shape[-1], D)
             for b, row in enumerate(rows):
                 for n, i in enumerate(ci[b, 0]):
-                    if 0 <= i < C:
+                    if 0 <= i < ctx:
                         np.testing.assert_array_equal(read[b, :, n], want[row, :, i])
 
 
@@ -135,7 +143,7 @@ def test_shared_cb_ops_write_and_read_as_the_reference(case: str) -> None:
     _check(feeds, got, rows)
     ops = collections.Counter(n.op_type for n in program.graph.node)
     # One scatter group and one gather group: their masks are computed once, not per op.
-    assert ops["ArgMax"] == 1 and ops["ReduceMin"] == 2
+    assert ops["ArgMax"] == 1 and ops["ReduceMin"] == 3
     assert ops["ScatterND"] == ops["If"] == 2 * LAYERS
     assert not any(n.domain == QC for n in program.graph.node)
 
@@ -148,6 +156,16 @@ def test_shared_ops_without_batch_index_write_each_row() -> None:
     got, program = _run(_model(cb=False), feeds)
     _check(feeds, got, list(range(F)))
     assert sum(n.op_type == "ArgMax" for n in program.graph.node) == 1
+
+
+def test_caches_of_another_context_length_form_their_own_group() -> None:
+    """A sliding-window layer's cache (8 positions, not 12): its masks use its own context length."""
+    rows, pos, ci = [0, 1], [[9], [INT32_MAX]], _ctx(2, [10, 1])
+    feeds = _feeds(rows, pos, ci, cb=True, window={1: 8})
+    got, program = _run(_model(cb=True, window_layer=1), feeds)
+    _check(feeds, got, rows)
+    ops = collections.Counter(n.op_type for n in program.graph.node)
+    assert ops["ArgMax"] == 2 and ops["ReduceMin"] == 6  # two scatter groups, two gather groups
 
 
 def test_a_cache_without_declared_dims_keeps_its_function() -> None:

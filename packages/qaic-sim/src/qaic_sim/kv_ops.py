@@ -73,9 +73,9 @@ def _prologue(data: str) -> list[onnx.NodeProto]:
 def gather_function(name: str, inputs: list[str]) -> onnx.FunctionProto:
     """A fast body for ``CtxGather`` / ``CtxGatherCB`` with the given formal inputs.
 
-    When every valid context index equals its position (``arange``, as both exporters build them)
-    and the batch reads rows ``0..B-1`` in order, the result is a slice of the cache; otherwise rows
-    and positions are gathered.
+    When every valid context index equals its position (``arange``, as both exporters build them),
+    there are no more indices than the cache's context and the batch reads rows ``0..B-1`` in order,
+    the result is a slice of the cache; otherwise rows and positions are gathered.
     """
     with_batch_index = name.endswith("CB")
     data, ctx_indices = inputs[0], inputs[2 if with_batch_index else 1]
@@ -92,7 +92,12 @@ def gather_function(name: str, inputs: list[str]) -> onnx.FunctionProto:
         _node("Equal", ["ci", "positions"], ["at_place"]),
         _node("Or", ["at_place", "bad"], ["fine"]),
         _node("Cast", ["fine"], ["fine_i"], to=TensorProto.INT64),
-        _node("ReduceMin", ["fine_i"], ["in_order_i"], keepdims=0),
+        _node("ReduceMin", ["fine_i"], ["in_place_i"], keepdims=0),
+        # A slice of the cache holds at most its context: more indices than that take the gather.
+        _node("LessOrEqual", ["n", "ctx"], ["fits"]),
+        _node("Cast", ["fits"], ["fits_i"], to=TensorProto.INT64),
+        _node("ReduceMin", ["fits_i"], ["fits_one"], keepdims=0),
+        _node("Mul", ["in_place_i", "fits_one"], ["in_order_i"]),
     ]
     if with_batch_index:
         nodes += [

@@ -159,7 +159,10 @@ def _gather_shared(n: _Names, data: str, batch_index: str | None, ctx_indices: s
     nn = n.add("Slice", [n.add("Shape", [ci], "ci_shape"), n("k2"), n("k3")], "n")
     at_place = n.add("Equal", [ci, _arange(n, nn, "positions")], "at_place")
     fine_i = n.add("Cast", [n.add("Or", [at_place, bad], "fine")], "fine_i", to=TensorProto.INT64)
-    in_order = n.add("ReduceMin", [fine_i], "in_order_i", keepdims=0)
+    in_place = n.add("ReduceMin", [fine_i], "in_place_i", keepdims=0)
+    # A slice of the cache holds at most its context: more indices than that take the gather.
+    fits = n.add("Cast", [n.add("LessOrEqual", [nn, ctx], "fits")], "fits_i", to=TensorProto.INT64)
+    in_order = n.add("Mul", [in_place, n.add("ReduceMin", [fits], "fits_one", keepdims=0)], "in_order_i")
     rows = _rows(n, batch_index)
     if rows is None:
         n.add("Cast", [in_order], "fast", to=TensorProto.BOOL)
