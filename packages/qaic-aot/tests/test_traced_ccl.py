@@ -1,6 +1,6 @@
-"""Compute-context lengths on the traced route: exported, honoured by the program, charged by the simulator.
+"""Compute-context lengths on both export routes: exported, honoured by the program, charged by the simulator.
 
-The program gets QEfficient's ``comp_ctx_lengths`` input; a run reads only as many KV positions as
+Granite is traced; Llama takes the hand-built graph. The program gets QEfficient's ``comp_ctx_lengths`` input; a run reads only as many KV positions as
 that input is long. Compiled with one prefill and one decode specialization per length (QEfficient's
 CCL layout), a chunked prefill and decode that move to the longer length when the sequence outgrows the
 shorter one give transformers' logits, and the shorter specialization costs less device time.
@@ -17,6 +17,7 @@ from models import HFReference, more_prompts
 
 from qaic_aot import program_config
 from qaic_aot.export import export_onnx
+from qaic_aot.export.families import export_route
 from qaic_aot.session import QAICInferenceSession
 from qaic_core import qpc as layout
 from qaic_core.manager import get_plugin_manager
@@ -39,13 +40,23 @@ def ccl_specs() -> list[Specialization]:
     ]  # fmt: skip
 
 
+ROUTES = {"granite": ("GraniteForCausalLM", "traced"), "llama": ("LlamaForCausalLM", "graph")}
+
+
+@pytest.fixture(scope="module", params=sorted(ROUTES))
+def arch(request: pytest.FixtureRequest) -> str:
+    architecture, route = ROUTES[request.param]
+    assert export_route(architecture) == route
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def ccl_program(tiny_model_factory: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ccl")
-    result = export_onnx(
-        tiny_model_factory("granite"), root / "model.onnx", SETTINGS, progress=False, ccl=True
-    )
-    assert "comp_ctx_lengths" in result.input_names
+def ccl_program(
+    arch: str, tiny_model_factory: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    root = tmp_path_factory.mktemp(f"ccl-{arch}")
+    result = export_onnx(tiny_model_factory(arch), root / "model.onnx", SETTINGS, progress=False, ccl=True)
+    assert result.input_names[-2:] == ["comp_ctx_lengths", "batch_index"]  # QEfficient's order
     out = root / "qpc-ccl"
     out.mkdir()
     layout.write_specializations(out / layout.SPECIALIZATIONS_FILE, ccl_specs())
@@ -62,9 +73,9 @@ def ccl_for(last_position: int) -> int:
 
 
 def test_ccl_program_matches_transformers(
-    ccl_program: Path, tiny_model_factory: Callable[[str], Path]
+    arch: str, ccl_program: Path, tiny_model_factory: Callable[[str], Path]
 ) -> None:
-    ref = HFReference(tiny_model_factory("granite"))
+    ref = HFReference(tiny_model_factory(arch))
     prompt = more_prompts(ref.tokenizer)[1][:12]
     tokens = ref.greedy(prompt, 8)
     expected = ref.logits(prompt + tokens)

@@ -62,12 +62,12 @@ def exporter_identity() -> str:
     return f"qaic-aot {_version('qaic-aot')}"
 
 
-def exporter_route(arch: str, *, ccl: bool = False) -> str:
+def exporter_route(arch: str) -> str:
     """QEfficient's name, or our route for ``arch``: the hand-built graph or traced transformers code."""
     from qaic_aot.export.families import export_route
     from qaic_aot.export.onnx_export import choose_exporter
 
-    return "qefficient" if choose_exporter() == "qefficient" else export_route(arch, ccl=ccl)
+    return "qefficient" if choose_exporter() == "qefficient" else export_route(arch)
 
 
 def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict
         "model_files": cache.model_fingerprint(model_dir),
         "dtype": EXPORT_DTYPE,
         "exporter": exporter_identity(),
-        "route": exporter_route(arch, ccl=settings.ccl),
+        "route": exporter_route(arch),
         "continuous_batching": settings.full_batch_size is not None,
         "num_speculative_tokens": settings.num_speculative_tokens,
         # Our exporter sizes rope tables and sliding-window masks by ctx_len, so it is part of the key.

@@ -27,7 +27,13 @@ class DecoderGraph:
     """Builds the graph of one decoder: embeddings, layers with KV ops, final norm, logits."""
 
     def __init__(
-        self, spec: DecoderSpec, config: Any, weights: WeightSource, settings: CompileSettings
+        self,
+        spec: DecoderSpec,
+        config: Any,
+        weights: WeightSource,
+        settings: CompileSettings,
+        *,
+        ccl: bool = False,
     ) -> None:
         self.spec = spec
         self.config = config
@@ -35,6 +41,7 @@ class DecoderGraph:
         self.settings = settings
         self.g = GraphBuilder()
         self.cb = settings.full_batch_size is not None
+        self.ccl = ccl
 
     # -- small blocks -------------------------------------------------------------------------
     def linear(self, x: str, name: str, *, conv1d: bool = False) -> str:
@@ -133,9 +140,15 @@ class DecoderGraph:
         return self.model()
 
     def attention_mask(self, pos: str) -> tuple[str, str]:
-        """Masked [B, 1, 1, S, C]: key j hidden from a query at p when j > p (or outside the window)."""
+        """Masked [B, 1, 1, S, C]: key j hidden from a query at p when j > p (or outside the window).
+
+        C is the cache's context, or with compute-context lengths the length of ``comp_ctx_lengths``:
+        the KV positions a run reads and attends to (QEfficient's CCL).
+        """
         g = self.g
-        ctx = g.op("Gather", [g.op("Shape", ["past_key.0"]), g.const(2)], axis=0, hint="ctx_len")
+        source = contract.COMP_CTX_LENGTHS if self.ccl else "past_key.0"
+        axis = 0 if self.ccl else 2
+        ctx = g.op("Gather", [g.op("Shape", [source]), g.const(axis)], axis=0, hint="ctx_len")
         kv = g.op("Range", [g.const(0), ctx, g.const(1)], hint="kv_positions")
         query = g.op("Unsqueeze", [pos, g.const([2])])
         masked = g.op("Greater", [kv, query])
@@ -245,6 +258,8 @@ class DecoderGraph:
             info("position_ids", TensorProto.INT64, [bs, sl]),
         ]
         inputs += [info(n, TensorProto.FLOAT, kv_shape) for n in contract.kv_names(spec.num_layers)]
+        if self.ccl:
+            inputs.append(info(contract.COMP_CTX_LENGTHS, TensorProto.INT64, [contract.COMP_CTX_LENGTHS]))
         if self.cb:
             inputs.append(info("batch_index", TensorProto.INT64, [bs, 1]))
         n_logits: str | int = 1

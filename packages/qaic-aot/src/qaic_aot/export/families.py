@@ -88,22 +88,11 @@ def check_architecture(config: Any) -> str:
     return SUPPORTED_ARCHITECTURES[arch]
 
 
-def export_route(architecture: str, *, ccl: bool = False) -> str:
-    """``graph`` for the hand-built families unless ``QAIC_AOT_ROUTE=traced``; ``traced`` for the others.
-
-    A program with compute-context lengths (``ccl``) is traced: only that route exports them.
-    """
+def export_route(architecture: str) -> str:
+    """``graph`` for the hand-built families unless ``QAIC_AOT_ROUTE=traced``; ``traced`` for the others."""
     wanted = os.environ.get(ROUTE_ENV, "").strip().lower()
     if wanted and wanted not in ROUTES:
         raise QaicConfigError(f"{ROUTE_ENV}={wanted!r} is not one of {', '.join(ROUTES)}")
-    if ccl:
-        if wanted == "graph":
-            raise QaicConfigError(
-                f"compute-context lengths are exported by the traced route only but {ROUTE_ENV}=graph: "
-                f"unset {ROUTE_ENV}, or leave out ccl_enabled / comp_ctx_lengths_prefill / "
-                "comp_ctx_lengths_decode"
-            )
-        return TRACED
     if architecture in GRAPH_ARCHITECTURES and wanted != TRACED:
         return "graph"
     if wanted == "graph":

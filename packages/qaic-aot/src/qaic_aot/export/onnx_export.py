@@ -14,7 +14,6 @@ from tqdm.auto import tqdm
 from qaic_aot.export import contract
 from qaic_aot.export.decoder import DecoderGraph
 from qaic_aot.export.families import (
-    ROUTE_ENV,
     TRACED,
     architecture_of,
     check_architecture,
@@ -77,7 +76,7 @@ def export_onnx(
 ) -> contract.ExportResult:
     """Export ``model_dir`` to ONNX at ``out_path`` for ``settings``; see the IO contract in docs/aot.md.
 
-    ``ccl`` adds the ``comp_ctx_lengths`` input (compute-context lengths; traced route only).
+    ``ccl`` adds the ``comp_ctx_lengths`` input (compute-context lengths).
     """
     model_dir, out_path = Path(model_dir), Path(out_path)
     if dtype not in SUPPORTED_DTYPES:
@@ -109,19 +108,14 @@ def export_onnx(
             exporter=exporter,
         )
     check_architecture(config)
-    if export_route(architecture_of(config), ccl=ccl) == TRACED:
+    if export_route(architecture_of(config)) == TRACED:
         weight_files(model_dir)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         return _export_traced(model_dir, out_path, settings, config, progress, ccl)
-    if ccl:
-        raise QaicConfigError(
-            f"compute-context lengths are exported by the traced route only: set {ROUTE_ENV}=traced for "
-            f"{architecture_of(config)}"
-        )
     spec = decoder_spec(config, settings)
     weight_files(model_dir)  # fail early, naming the missing weight file
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    onnx_path = _export_ours(model_dir, out_path, settings, config, progress)
+    onnx_path = _export_ours(model_dir, out_path, settings, config, progress, ccl)
     return contract.ExportResult(
         onnx_path=onnx_path,
         num_layers=spec.num_layers,
@@ -129,14 +123,14 @@ def export_onnx(
         head_dim=spec.head_dim,
         vocab_size=spec.vocab_size,
         architecture=spec.architecture,
-        input_names=contract.input_names(spec.num_layers, settings),
+        input_names=contract.input_names(spec.num_layers, settings, ccl=ccl),
         output_names=contract.output_names(spec.num_layers),
         exporter=exporter,
     )
 
 
 def _export_ours(
-    model_dir: Path, out_path: Path, settings: CompileSettings, config: Any, progress: bool
+    model_dir: Path, out_path: Path, settings: CompileSettings, config: Any, progress: bool, ccl: bool
 ) -> Path:
     spec = decoder_spec(config, settings)
     started = time.monotonic()
@@ -154,7 +148,7 @@ def _export_ours(
         spec.head_dim,
         settings.ctx_len,
     )
-    model = DecoderGraph(spec, config, weights, settings).build(progress=progress)
+    model = DecoderGraph(spec, config, weights, settings, ccl=ccl).build(progress=progress)
     stages.update()
     stages.set_postfix_str("checking")
     weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
