@@ -29,7 +29,7 @@ from qaic_core.observe import StepRecord
 def _vllm_config(shape: ServeShape, dtype: str) -> SimpleNamespace:
     """The attributes of a VllmConfig that ``engine_settings`` reads."""
     return SimpleNamespace(
-        additional_config={},
+        additional_config=shape.additional_config() or {},
         model_config=SimpleNamespace(max_model_len=shape.max_model_len, dtype=dtype, quantization=None),
         scheduler_config=SimpleNamespace(
             max_num_seqs=shape.max_num_seqs, long_prefill_token_threshold=shape.prefill_seq_len
@@ -38,7 +38,15 @@ def _vllm_config(shape: ServeShape, dtype: str) -> SimpleNamespace:
     )
 
 
-@pytest.mark.parametrize("shape", [ServeShape(8, 256, 128), ServeShape(1, 256, 64), ServeShape(32, 128, 256)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ServeShape(8, 256, 128),
+        ServeShape(1, 256, 64),
+        ServeShape(32, 128, 256),
+        ServeShape(16, 256, 128, comp_ctx_lengths=(64, 128, 256)),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_raw_loop_compiles_what_the_engine_compiles(
     shape: ServeShape, dtype: str, monkeypatch: pytest.MonkeyPatch

