@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from models import VOCAB_SIZE, HFReference
+from models import TINY_ARCHS, VOCAB_SIZE, HFReference
 
 from qaic_aot.export import SUPPORTED_ARCHITECTURES, ExportResult, check_architecture, export_onnx
 from qaic_core.errors import QaicConfigError
@@ -301,3 +301,42 @@ def test_model_facts_agree_with_the_decoder_spec(
         "head_dim": spec.head_dim,
         "vocab_size": spec.vocab_size,
     }
+
+
+def _specialized(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
+    """The model with every symbolic dim fixed, as a compiler sees one specialization."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in [*fixed.graph.input, *fixed.graph.output]:
+        for d in value.type.tensor_type.shape.dim:
+            if d.dim_param:
+                size = dims[d.dim_param]
+                d.ClearField("dim_param")
+                d.dim_value = size
+    return fixed
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("variant", ["ctx", "ccl", "speculative"])
+def test_every_specialization_is_a_valid_static_graph(
+    arch: str, variant: str, tiny_model_factory: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Fixed to a specialization's dims, the graph passes ONNX's shape inference (Range takes scalars,
+    and so on) and loads in onnxruntime, which checks the same with every shape known."""
+    settings = CompileSettings(
+        prefill_seq_len=8,
+        ctx_len=CTX,
+        full_batch_size=4,
+        convert_to_fp16=False,
+        num_speculative_tokens=3 if variant == "speculative" else None,
+    )
+    result = export_onnx(
+        tiny_model_factory(arch), tmp_path / "model.onnx", settings, progress=False, ccl=variant == "ccl"
+    )
+    model = onnx.load(str(result.onnx_path))
+    for batch, seq in ((1, 8), (4, settings.decode_seq_len)):
+        dims = {"batch_size": batch, "seq_len": seq, "ctx_len": CTX, "full_batch_size": 4,
+                "comp_ctx_lengths": 16, "num_logits_to_keep": settings.decode_seq_len}  # fmt: skip
+        static = _specialized(model, dims)
+        onnx.shape_inference.infer_shapes(static, strict_mode=True, data_prop=True)
+        ort.InferenceSession(static.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -30,7 +30,9 @@ class GraphBuilder:
         if name in self._names:
             raise ValueError(f"duplicate initializer {name}")
         self._names.add(name)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        # np.ascontiguousarray makes a scalar 1-D; a scalar stays a scalar (Range takes only scalars).
+        data = np.ascontiguousarray(array) if np.ndim(array) else np.asarray(array)
+        self.initializers.append(numpy_helper.from_array(data, name))
         return name
 
     def const(self, value: Any, dtype: type | np.dtype = np.int64) -> str:
