@@ -321,8 +321,9 @@ def _specialized(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProt
 def test_every_specialization_is_a_valid_static_graph(
     arch: str, variant: str, tiny_model_factory: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    """Fixed to a specialization's dims, the graph passes ONNX's shape inference (Range takes scalars,
-    and so on) and loads in onnxruntime, which checks the same with every shape known."""
+    """Fixed to a specialization's dims, as a compiler sees it, the graph passes ONNX's strict shape
+    inference and loads in onnxruntime, which checks every node with every shape known (``Range``
+    takes scalars: a one-element constant fails here, not with symbolic dims)."""
     settings = CompileSettings(
         prefill_seq_len=8,
         ctx_len=CTX,

@@ -1,7 +1,7 @@
 """Compute-context lengths on both export routes: exported, honoured by the program, charged by the simulator.
 
-Granite is traced; Llama, Mistral and GPT-2 take the hand-built graph. The program gets QEfficient's ``comp_ctx_lengths`` input; a run reads only as many KV positions as
-that input is long. Compiled with one prefill and one decode specialization per length (QEfficient's
+Granite is traced; Llama, Mistral and GPT-2 take the hand-built graph. The program gets QEfficient's
+``comp_ctx_lengths`` input; a run reads only as many KV positions as that input is long. Compiled with one prefill and one decode specialization per length (QEfficient's
 CCL layout), a chunked prefill and decode that move to the longer length when the sequence outgrows the
 shorter one give transformers' logits, and the shorter specialization costs less device time.
 """

@@ -136,6 +136,7 @@ def test_methods_describe_every_part_even_without_results() -> None:
 
     assert set(text) == set(REPORT_KEYS) - {"machine", "commit"}  # every measured part
     assert "QAIC_SIM_PACE_AS=" in text["stack_overhead"]
+    assert "compute-context lengths 64, 128, 256:" in text["vs_vllm_cpu"]  # what part 11 serves qaic with
 
 
 def test_machine_and_commit() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from qaic_bench import eager
 from qaic_bench.settings import BenchSettings
+from qaic_bench.vllm_cpu import CompareSettings
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -48,6 +49,11 @@ def _qpc_note(results: Mapping[str, Any]) -> str:
         f" Of these, the worker logged {_f(first, 1)} s for export + compile on the first start and "
         f"{_f(cached, 1)} s for the cache lookup on the cached one; the rest is vLLM's own start-up."
     )
+
+
+def _ccl_text(s: BenchSettings) -> str:
+    lengths = CompareSettings.for_bench(s).comp_ctx_lengths()
+    return ", ".join(map(str, lengths)) if lengths else "none"
 
 
 def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any]) -> dict[str, str]:
@@ -155,7 +161,7 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
         "vs_vllm_cpu": (
             "`vllm serve` of the same model in vLLM's CPU build (`vllm-cpu`, its own cached environment) and "
             "in qaic on the simulator, unpaced, at batch 4 and 16 (qaic with compute-context lengths "
-            "64, 128, ... up to the context: `comp_ctx_lengths_prefill` and `_decode`); `vllm bench serve` (random 32-token "
+            f"{_ccl_text(s)}: `comp_ctx_lengths_prefill` and `_decode`); `vllm bench serve` (random 32-token "
             "prompts, 32 output tokens, `--ignore-eos`) alternating between the two for three rounds; "
             "medians and the ratios qaic / CPU backend."
         ),

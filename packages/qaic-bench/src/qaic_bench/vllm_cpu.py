@@ -62,6 +62,8 @@ class CompareSettings:
     attention reads the blocks a sequence holds (0: no compute-context lengths)."""
 
     def comp_ctx_lengths(self) -> tuple[int, ...]:
+        """qaic's compute-context lengths (prefill and decode alike); empty when ``ccl_start`` is 0
+        or reaches ``max_model_len``."""
         if not self.ccl_start or self.ccl_start >= self.max_model_len:
             return ()
         return tuple(

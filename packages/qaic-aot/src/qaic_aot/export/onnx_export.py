@@ -88,7 +88,7 @@ def export_onnx(
     exporter = choose_exporter()
     if exporter == "qefficient" and ccl:
         raise QaicConfigError(
-            "compute-context lengths are exported by qaic-aot's traced route, not through QEfficient's "
+            "compute-context lengths are exported by qaic-aot's own exporter, not through QEfficient's "
             "exporter here: set QAIC_AOT_EXPORTER=qaic, or leave out ccl_enabled / comp_ctx_lengths_*"
         )
     if exporter == "qefficient":
