@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -226,9 +227,9 @@ def batched_lm(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     )
 
 
-def test_a_chunk_runs_on_the_shortest_prefill_that_holds_it(
-    batched_lm: CausalLM, hf: Any, prompts: list[list[int]]
-) -> None:
+@contextmanager
+def _input_shapes(lm: CausalLM) -> Iterator[list[tuple[int, ...]]]:
+    """The ``input_ids`` shape of every run ``lm`` submits while the block runs."""
     from qaic_core.observe import Observer
 
     seen: list[tuple[int, ...]] = []
@@ -237,13 +238,20 @@ def test_a_chunk_runs_on_the_shortest_prefill_that_holds_it(
         def run_submitted(self, inputs: Any, exec_index: int, seconds: float) -> None:
             seen.append(tuple(inputs["input_ids"].shape))
 
-    batched_lm.session._observer = Shapes()
+    lm.session._observer = Shapes()
     try:
+        yield seen
+    finally:
+        lm.session._observer = None
+
+
+def test_a_chunk_runs_on_the_shortest_prefill_that_holds_it(
+    batched_lm: CausalLM, hf: Any, prompts: list[list[int]]
+) -> None:
+    with _input_shapes(batched_lm) as seen:
         for n in (3, 6, 11):
             prompt = prompts[3][:n]
             np.testing.assert_allclose(batched_lm.prefill(0, prompt), _hf_last_logits(hf, prompt), atol=1e-4)
-    finally:
-        batched_lm.session._observer = None
     assert seen == [(1, 4), (1, 8), (1, 16)]
     assert batched_lm.prefill_length(5) == 8 and batched_lm.prefill_length(16) == 16
 
@@ -265,6 +273,24 @@ def test_a_batched_prefill_gives_each_slot_its_own_logits(
         batched_lm.submit_prefill_chunks([(1, prompts[3][:5], 0)])
     with pytest.raises(QaicConfigError, match="different slots"):
         batched_lm.submit_prefill_chunks([(1, short[0], 0), (1, short[1], 0)])
+
+
+def test_a_batched_prefill_runs_on_the_fewest_rows_that_hold_it(
+    batched_lm: CausalLM, hf: Any, prompts: list[list[int]]
+) -> None:
+    # prefill_batch_size 3 compiles batched prefills of 2 and 3 rows.
+    assert batched_lm.prefill_batch_sizes == (2, 3)
+    short = [p[:4] for p in prompts[:3]]
+    with _input_shapes(batched_lm) as seen:
+        two = batched_lm.submit_prefill_chunks([(1, short[0], 0), (2, short[1], 0)]).wait()
+        three = batched_lm.submit_prefill_chunks(
+            [(0, short[0], 0), (1, short[1], 0), (3, short[2], 0)]
+        ).wait()
+    assert seen == [(2, 4), (3, 4)]
+    for prompt, logits in zip(short, two, strict=False):
+        np.testing.assert_allclose(logits, _hf_last_logits(hf, prompt), atol=1e-4)
+    for prompt, logits in zip(short, three, strict=True):
+        np.testing.assert_allclose(logits, _hf_last_logits(hf, prompt), atol=1e-4)
 
 
 @pytest.fixture(scope="module")

@@ -185,9 +185,19 @@ def test_shorter_and_batched_prefills_follow_the_decodes() -> None:
         ("Decode", 8, 1),
         ("Prefill", 1, 64),
         ("Prefill", 1, 32),
+        ("Prefill", 2, 32),
         ("Prefill", 4, 32),
     ]
     assert settings.prefill_lengths == (32, 64, 128) and settings.batched_prefill_seq_len == 32
+    # Fewer prompts than prefill_batch_size run on 2, 4, ... rows: no padding rows.
+    assert settings.batched_prefill_rows == (2, 4)
+    assert [settings.replace(prefill_batch_size=n).batched_prefill_rows for n in (2, 3, 6, 8)] == [
+        (2,),
+        (2, 3),
+        (2, 4, 6),
+        (2, 4, 8),
+    ]
+    assert CompileSettings(full_batch_size=8).batched_prefill_rows == ()
 
 
 def test_a_batched_prefill_of_long_rows() -> None:
@@ -235,3 +245,9 @@ def test_prefill_shapes_are_checked_and_keep_old_cache_keys() -> None:
         CompileSettings(full_batch_size=4, prefill_seq_lens=(16,), prefill_batch_size=2), backend
     )
     assert batched["settings"]["prefill_seq_lens"] == [16] and batched["settings"]["prefill_batch_size"] == 2
+    # A 2-row batched prefill is the program it always was; 4 rows now add a 2-row one: a new key.
+    assert "batched_prefill_rows" not in batched
+    four = compile_params(
+        CompileSettings(full_batch_size=4, prefill_seq_lens=(16,), prefill_batch_size=4), backend
+    )
+    assert four["batched_prefill_rows"] == [2, 4]

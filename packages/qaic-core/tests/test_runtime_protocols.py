@@ -73,3 +73,22 @@ def test_a_missing_method_of_a_runtime_object_is_reported_by_name() -> None:
 
     missing = missing_members(Program(), contract.Program)
     assert missing == ["activate", "createSlicingSpecHandle", "deactivate", "unload"]
+
+
+def test_a_batch_of_chunks_runs_on_rows_it_fills() -> None:
+    from qaic_core.execution import StepShape
+
+    shape = StepShape(
+        num_slots=8,
+        prefill_seq_len=128,
+        ctx_len=256,
+        vocab_size=100,
+        prefill_batch_size=4,
+        prefill_batch_seq_len=32,
+        prefill_batch_sizes=(2, 4),
+    )
+    assert [shape.batched_rows(n) for n in (1, 2, 3, 4)] == [2, 2, 4, 4]
+    assert [shape.split_batch(n) for n in (1, 2, 3, 4, 7)] == [[1], [2], [2, 1], [4], [4, 2, 1]]
+    # A program with only the full batch (compiled before fewer rows were added) pads.
+    old = StepShape(8, 128, 256, 100, prefill_batch_size=4, prefill_batch_seq_len=32)
+    assert old.batched_rows(2) == 4 and old.split_batch(3) == [3] and old.split_batch(5) == [4, 1]

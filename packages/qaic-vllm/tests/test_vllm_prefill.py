@@ -77,6 +77,25 @@ def test_a_burst_of_short_prompts_is_prefilled_together(
     assert max(s.prefill_tokens for s in steps.steps) <= CHUNK
 
 
+def test_a_smaller_burst_runs_on_fewer_rows(
+    llm: Any, hf_greedy: Callable[..., list[int]], steps: StepRecorder
+) -> None:
+    tok = llm.get_tokenizer()
+    prompts = [tok(t, add_special_tokens=False)["input_ids"][:8] for t in ("Two rivers", "A quiet town")]
+    assert worker_of(llm).step_model.shape.prefill_batch_sizes == (2, 3)
+    steps.steps.clear()
+    outs = llm.generate(as_prompts(prompts), greedy(6))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert list(out.outputs[0].token_ids) == hf_greedy(prompt, 6)
+    # Two short prompts: one batched run of 2 rows x 8 tokens, not 3 rows with one of padding.
+    first = steps.steps[0]
+    assert (first.prefill_tokens, first.prefill_runs, first.prefill_computed) == (
+        sum(len(p) for p in prompts),
+        1,
+        2 * 8,
+    )
+
+
 def test_a_long_prompt_uses_the_full_chunk_and_its_tail_a_short_one(
     llm: Any, hf_greedy: Callable[..., list[int]], steps: StepRecorder
 ) -> None:

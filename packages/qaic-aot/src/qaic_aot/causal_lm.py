@@ -92,6 +92,7 @@ class CausalLM:
         self.prefill_batch_seq_len = settings.batched_prefill_seq_len or 0
         self._check_kv_geometry(bindings)
         self._check_prefill_shape(session)
+        self.prefill_batch_sizes = self._batched_rows(session)
         self.decode_exec = DECODE_EXEC
         self.prefill_exec = PREFILL_EXEC if session.num_exec_objects > 1 else DECODE_EXEC
         retained = [n for n in session.output_names if n.endswith("_RetainedState")]
@@ -159,6 +160,20 @@ class CausalLM:
                 f"the program has no prefill of {missing} tokens (input_ids shapes {shapes}): "
                 "leave out --prefill-seq-lens or recompile"
             )
+
+    def _batched_rows(self, session: QAICInferenceSession) -> tuple[int, ...]:
+        """The batched prefill's row counts, read off the program (a program compiled before fewer rows
+        were added has only ``prefill_batch_size``)."""
+        if not self.prefill_batch_seq_len:
+            return ()
+        index = session.binding_index_map["input_ids"]
+        width = self.prefill_batch_seq_len
+        rows = {
+            int(shape[index][1][0])
+            for shape in session.allowed_shapes
+            if list(shape[index][1])[1:] == [width]
+        }
+        return tuple(sorted(r for r in rows | {self.prefill_batch_size} if 1 < r <= self.prefill_batch_size))
 
     def _complete(self, inputs: dict[str, np.ndarray], decode: bool) -> dict[str, np.ndarray]:
         """Add the run's ``num_logits_to_keep`` (K+1 rows for a decode, 1 for a prefill) and its
@@ -229,16 +244,20 @@ class CausalLM:
         """Start up to ``prefill_batch_size`` chunks ``(slot, token_ids, start_pos)`` of different slots in
         one batched prefill run; wait() gives each chunk's last-token logits [vocab] (None if empty).
 
-        Rows beyond the chunks are padding (every position -1: nothing is written to any slot).
+        The run takes the fewest compiled rows that hold the chunks (``prefill_batch_sizes``); rows
+        beyond the chunks are padding (every position -1: nothing is written to any slot).
         """
-        rows, width = self.prefill_batch_size, self.prefill_batch_seq_len
+        width = self.prefill_batch_seq_len
+        rows = next((r for r in self.prefill_batch_sizes if len(chunks) <= r), self.prefill_batch_size)
         if not width:
             raise QaicConfigError(
                 "this program has no batched prefill: compile it with --prefill-batch-size > 1 "
                 "(override_qaic_config prefill_batch_size)"
             )
         if len(chunks) > rows:
-            raise QaicConfigError(f"{len(chunks)} chunks in one batched prefill, the program takes {rows}")
+            raise QaicConfigError(
+                f"{len(chunks)} chunks in one batched prefill, the program takes {rows}: submit at most {rows}"
+            )
         slots = [slot for slot, _, _ in chunks]
         if len(set(slots)) != len(slots):
             raise QaicConfigError(f"a batched prefill needs chunks of different slots, got slots {slots}")

@@ -101,6 +101,10 @@ def compile_params(settings: CompileSettings, backend: DeviceBackend) -> dict[st
         "compiler": f"{backend.package} {_version(backend.package)}",
         "pipeline_version": PIPELINE_VERSION,
     }
+    if len(settings.batched_prefill_rows) > 1:
+        # Batched prefills of fewer rows than prefill_batch_size were added to the same settings;
+        # programs compiled with only the full batch are not reused.
+        params["batched_prefill_rows"] = list(settings.batched_prefill_rows)
     if settings.num_speculative_tokens:
         # QEfficient's target layout (a one-logit prefill, no one-token decode) replaced ours, whose
         # cached programs are not reused.

@@ -55,8 +55,8 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
     decode has ``seq_len`` K+1 and ``num_logits_to_keep`` K+1 (one logits row per token), every
     prefill ``num_logits_to_keep`` 1; there is no one-token decode (a single token runs on the K+1
     decode, padded with position -1). ``prefill_seq_lens`` add shorter prefills, and
-    ``prefill_batch_size`` B a prefill of B sequences at the shortest length; they come after the
-    decodes and are named Prefill too. Compute-context lengths (``settings.compute_context_lengths``)
+    ``prefill_batch_size`` B a prefill of B sequences at the shortest length (and of 2, 4, ... below
+    B, ``batched_prefill_rows``); they come after the decodes and are named Prefill too. Compute-context lengths (``settings.compute_context_lengths``)
     give every prefill one specialization per prefill length and the decode one per decode length,
     with the ``comp_ctx_lengths`` symbol, as QEfficient lays them out. Symbols the graph does not use
     are left out (the compiler rejects unknown symbols).
@@ -93,7 +93,8 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
     for length in sorted(set(s.prefill_seq_lens) - {s.prefill_seq_len}, reverse=True):
         specs += spec("Prefill", prefill_batch, length, 1)
     if s.batched_prefill_seq_len is not None:
-        specs += spec("Prefill", s.prefill_batch_size, s.batched_prefill_seq_len, 1)
+        for rows in s.batched_prefill_rows:
+            specs += spec("Prefill", rows, s.batched_prefill_seq_len, 1)
     if symbols is not None:
         specs = [
             Specialization(sp.name, {k: v for k, v in sp.symbols.items() if k in symbols}) for sp in specs

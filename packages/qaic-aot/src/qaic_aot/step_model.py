@@ -53,6 +53,7 @@ class AotStepModel:
             prefill_seq_lens=lm.prefill_lens,
             prefill_batch_size=lm.prefill_batch_size,
             prefill_batch_seq_len=lm.prefill_batch_seq_len,
+            prefill_batch_sizes=lm.prefill_batch_sizes,
         )
         caps = set()
         if lm.prefill_batch_size > 1:

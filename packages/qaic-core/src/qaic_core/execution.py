@@ -171,6 +171,29 @@ class StepShape:
     """Chunks of different slots one ``submit_prefill_chunks`` runs together (``BATCHED_PREFILL``)."""
     prefill_batch_seq_len: int = 0
     """Most tokens of a chunk in a batched prefill (0 without ``BATCHED_PREFILL``)."""
+    prefill_batch_sizes: tuple[int, ...] = ()
+    """Every compiled row count of the batched prefill, ascending, ``prefill_batch_size`` the largest
+    (empty: only ``prefill_batch_size``); a batch runs on the fewest rows that hold it."""
+
+    def batched_rows(self, num_chunks: int) -> int:
+        """Rows the device computes for a batched prefill of ``num_chunks``: the fewest compiled that hold them."""
+        for rows in self.prefill_batch_sizes:
+            if num_chunks <= rows:
+                return rows
+        return self.prefill_batch_size
+
+    def split_batch(self, num_chunks: int) -> list[int]:
+        """Chunks per run for ``num_chunks`` batchable chunks: the most that fill a compiled row count,
+        again and again; a single chunk left runs on its own, a few more than one on the fewest rows
+        that hold them (padded, when no compiled row count is that small)."""
+        counts = sorted({*self.prefill_batch_sizes, self.prefill_batch_size}, reverse=True)
+        out: list[int] = []
+        left = num_chunks
+        while left > 0:
+            take = next((r for r in counts if r <= left), min(left, self.prefill_batch_size))
+            out.append(take)
+            left -= take
+        return out
 
     def prefill_length(self, num_tokens: int) -> int:
         """Tokens the device computes for a chunk of ``num_tokens``: the shortest compiled length that holds it."""

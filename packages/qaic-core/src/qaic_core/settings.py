@@ -170,7 +170,8 @@ class CompileSettings:
     )
     prefill_batch_size: int = _setting(
         1,
-        "prompts prefilled together in one batched run of prefill_batch_seq_len tokens per row (continuous batching)",
+        "most prompts prefilled together in one batched run of prefill_batch_seq_len tokens per row (continuous "
+        "batching); 2, 4, ... rows are compiled too, so fewer prompts compute no padding rows",
         parse_int,
         flag="--prefill-batch-size",
         limit="1 .. `full_batch_size`",
@@ -349,6 +350,16 @@ class CompileSettings:
         if self.prefill_batch_size < 2:
             return None
         return self.prefill_batch_seq_len or self.prefill_lengths[0]
+
+    @property
+    def batched_prefill_rows(self) -> tuple[int, ...]:
+        """Row counts the batched prefill is compiled with: powers of two from 2 below
+        ``prefill_batch_size``, and ``prefill_batch_size`` (empty without a batched prefill), so a
+        burst of fewer prompts computes no padding rows."""
+        if self.prefill_batch_size < 2:
+            return ()
+        powers = (2**k for k in range(1, self.prefill_batch_size.bit_length()))
+        return (*(n for n in powers if n < self.prefill_batch_size), self.prefill_batch_size)
 
     def validate(self) -> None:
         _positive("prefill_seq_len", self.prefill_seq_len)

@@ -243,7 +243,8 @@ class SlotModelRunner:
 
         A chunk is batched when it fits the batched prefill's length and is its request's only chunk
         in the step (a request's chunks run in order, one at a time); the rest run alone, each on the
-        shortest compiled length that holds it.
+        shortest compiled length that holds it. A batch runs on compiled row counts that it fills
+        (``StepShape.split_batch``: 3 chunks on 2 rows and then 1), so no padding rows are computed.
         """
         if self.prefill_batch < 2 or len(plan.prefill) < 2:
             return [[chunk] for chunk in plan.prefill]
@@ -263,7 +264,13 @@ class SlotModelRunner:
                 runs.append([chunk])
         if batch:
             runs.append(batch)
-        return runs
+        split: list[list[tuple[str, list[int], int]]] = []
+        for run in runs:
+            start = 0
+            for count in self.shape.split_batch(len(run)):
+                split.append(run[start : start + count])
+                start += count
+        return split
 
     def _take_decode(
         self, plan: StepPlan, rows: Mapping[int, np.ndarray], out: dict[str, np.ndarray]
@@ -460,7 +467,7 @@ class SlotModelRunner:
             if len(run) == 1:
                 prefill_computed += shape.prefill_length(len(run[0][1]))
             else:
-                prefill_computed += shape.prefill_batch_size * shape.prefill_batch_seq_len
+                prefill_computed += shape.batched_rows(len(run)) * shape.prefill_batch_seq_len
         decode_tokens = sum(1 + len(plan.verify.get(r, ())) for r in plan.decode_reqs)
         width = shape.decode_seq_len if plan.verify else 1
         return StepRecord(
