@@ -287,10 +287,14 @@ def test_a_batched_prefill_runs_on_the_fewest_rows_that_hold_it(
             [(0, short[0], 0), (1, short[1], 0), (3, short[2], 0)]
         ).wait()
     assert seen == [(2, 4), (3, 4)]
-    for prompt, logits in zip(short, two, strict=False):
+    for prompt, logits in zip(short[:2], two, strict=True):
         np.testing.assert_allclose(logits, _hf_last_logits(hf, prompt), atol=1e-4)
     for prompt, logits in zip(short, three, strict=True):
         np.testing.assert_allclose(logits, _hf_last_logits(hf, prompt), atol=1e-4)
+    with pytest.raises(
+        QaicConfigError, match="4 chunks in one batched prefill, the program takes 3: submit at most 3"
+    ):
+        batched_lm.submit_prefill_chunks([(s, short[0], 0) for s in range(4)])
 
 
 @pytest.fixture(scope="module")

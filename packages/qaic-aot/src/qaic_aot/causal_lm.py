@@ -20,7 +20,7 @@ import numpy as np
 from qaic_aot.session import PreparedRun, QAICInferenceSession, RunHandle
 from qaic_core import ccl
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import LogitRows
+from qaic_core.execution import LogitRows, fewest_rows
 from qaic_core.settings import CompileSettings
 
 log = logging.getLogger("qaic.aot.causal_lm")
@@ -248,7 +248,7 @@ class CausalLM:
         beyond the chunks are padding (every position -1: nothing is written to any slot).
         """
         width = self.prefill_batch_seq_len
-        rows = next((r for r in self.prefill_batch_sizes if len(chunks) <= r), self.prefill_batch_size)
+        rows = fewest_rows(self.prefill_batch_sizes, len(chunks), self.prefill_batch_size)
         if not width:
             raise QaicConfigError(
                 "this program has no batched prefill: compile it with --prefill-batch-size > 1 "

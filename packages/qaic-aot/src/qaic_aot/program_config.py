@@ -56,9 +56,10 @@ def specializations(settings: CompileSettings, symbols: frozenset[str] | None = 
     prefill ``num_logits_to_keep`` 1; there is no one-token decode (a single token runs on the K+1
     decode, padded with position -1). ``prefill_seq_lens`` add shorter prefills, and
     ``prefill_batch_size`` B a prefill of B sequences at the shortest length (and of 2, 4, ... below
-    B, ``batched_prefill_rows``); they come after the decodes and are named Prefill too. Compute-context lengths (``settings.compute_context_lengths``)
-    give every prefill one specialization per prefill length and the decode one per decode length,
-    with the ``comp_ctx_lengths`` symbol, as QEfficient lays them out. Symbols the graph does not use
+    B, ``batched_prefill_rows``); they come after the decodes and are named Prefill too.
+    Compute-context lengths (``settings.compute_context_lengths``) give every prefill one
+    specialization per prefill length and the decode one per decode length, with the
+    ``comp_ctx_lengths`` symbol, as QEfficient lays them out. Symbols the graph does not use
     are left out (the compiler rejects unknown symbols).
     """
     s = settings

@@ -150,6 +150,12 @@ class ExecutionConfig:
     """Sequence lengths and pooling of a pooling task (``settings.decode_batch_size`` rows per run)."""
 
 
+def fewest_rows(row_counts: Sequence[int], num_chunks: int, largest: int) -> int:
+    """The fewest of the ascending ``row_counts`` that hold ``num_chunks``; ``largest`` when none does
+    (or none is listed: a program compiled with one row count)."""
+    return next((rows for rows in row_counts if num_chunks <= rows), largest)
+
+
 @dataclass(frozen=True)
 class StepShape:
     """The static shape a step model runs: what the serving runner must plan around."""
@@ -177,10 +183,7 @@ class StepShape:
 
     def batched_rows(self, num_chunks: int) -> int:
         """Rows the device computes for a batched prefill of ``num_chunks``: the fewest compiled that hold them."""
-        for rows in self.prefill_batch_sizes:
-            if num_chunks <= rows:
-                return rows
-        return self.prefill_batch_size
+        return fewest_rows(self.prefill_batch_sizes, num_chunks, self.prefill_batch_size)
 
     def split_batch(self, num_chunks: int) -> list[int]:
         """Chunks per run for ``num_chunks`` batchable chunks: the most that fill a compiled row count,
