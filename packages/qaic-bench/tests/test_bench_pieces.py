@@ -137,11 +137,13 @@ def test_methods_describe_every_part_even_without_results() -> None:
     assert set(text) == set(REPORT_KEYS) - {"machine", "commit"}  # every measured part
     assert "QAIC_SIM_PACE_AS=" in text["stack_overhead"]
     assert "compute-context lengths 64, 128, 256:" in text["vs_vllm_cpu"]  # what part 11 serves qaic with
+    assert "16 x batch prompts per run) alternating between the two for 5 rounds" in text["vs_vllm_cpu"]
 
 
 def test_machine_and_commit() -> None:
     info = machine_info()
-    assert set(info) == {"cpu", "cores", "memory", "python", "torch", "vllm"}
+    assert set(info) == {"cpu", "matmul_isa", "cores", "memory", "python", "torch", "vllm"}
+    assert info["matmul_isa"]  # the features found, "none of ..." or "unknown": never empty
     assert isinstance(info["cores"], int) and info["cores"] >= 1
     sha, dirty = git_commit()
     assert sha == "unknown" or re.fullmatch(r"[0-9a-f]{40}", sha)

@@ -37,6 +37,7 @@ def complete_report() -> BenchReport:
         "startup_s": {"first": 60.5, "cached": 30.25},
         "machine": {
             "cpu": "x",
+            "matmul_isa": "avx2 avx512f",
             "cores": 2,
             "memory": "24 GiB",
             "python": "3.12",

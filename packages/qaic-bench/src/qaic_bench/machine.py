@@ -20,6 +20,22 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+MATMUL_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_int8")
+"""CPU features that decide how fast matrix multiplies run: onnxruntime's float32 kernels use AVX2 or
+AVX-512; a bfloat16 engine such as vLLM's CPU backend is several times faster with AMX."""
+
+
+def _matmul_isa() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return " ".join(f for f in MATMUL_ISA if f in flags) or "none of " + ", ".join(MATMUL_ISA)
+    except OSError:
+        pass
+    return "unknown"
+
+
 def _version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
@@ -37,10 +53,11 @@ def _memory_gib() -> float:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU, usable cores, memory (GiB) and the versions that shape the figures."""
+    """CPU, its matrix-multiply features, usable cores, memory (GiB) and the versions that shape the figures."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
     return {
         "cpu": _cpu_name(),
+        "matmul_isa": _matmul_isa(),
         "cores": cores,
         "memory": f"{_memory_gib()} GiB",
         "python": platform.python_version(),

