@@ -13,7 +13,7 @@ import pytest
 from qaic_bench import methods
 from qaic_bench.child import run_in_child
 from qaic_bench.host import PHASES, DeviceClock, breakdown, observing
-from qaic_bench.machine import git_commit, machine_info
+from qaic_bench.machine import MATMUL_ISA, git_commit, machine_info, matmul_isa
 from qaic_bench.report import TIMING_ROW_KEYS
 from qaic_bench.run import bench_env
 from qaic_bench.server import ServeShape, free_port
@@ -144,10 +144,32 @@ def test_machine_and_commit() -> None:
     info = machine_info()
     assert set(info) == {"cpu", "matmul_isa", "cores", "memory", "python", "torch", "vllm"}
     assert info["matmul_isa"]  # the features found, "none of ..." or "unknown": never empty
+    assert info["matmul_isa"] == matmul_isa()  # read from this machine's /proc/cpuinfo
     assert isinstance(info["cores"], int) and info["cores"] >= 1
     sha, dirty = git_commit()
     assert sha == "unknown" or re.fullmatch(r"[0-9a-f]{40}", sha)
     assert isinstance(dirty, bool)
+
+
+def test_matmul_isa_reads_the_flags_line() -> None:
+    amx = "processor\t: 0\nmodel name\t: Xeon\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8\n"
+    assert matmul_isa(amx) == "avx2 avx512f avx512_bf16 amx_bf16 amx_int8"
+    assert matmul_isa("flags\t: fpu sse sse2\n") == "none of " + ", ".join(MATMUL_ISA)
+    assert matmul_isa("processor\t: 0\n") == "unknown"  # no flags line (not x86 Linux)
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--prompts-per-batch"])
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_vllm_cpu_refuses_counts_below_one(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qaic_bench import vllm_cpu
+
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error, before any server starts
+        vllm_cpu.main(["--out", str(tmp_path), flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
 
 
 def test_phase_timers_sum_reports_and_name_missing_phases() -> None:

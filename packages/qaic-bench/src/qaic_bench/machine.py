@@ -10,14 +10,21 @@ from pathlib import Path
 from typing import Any
 
 
+def _cpuinfo_field(name: str, text: str | None = None) -> str | None:
+    """The first ``name: value`` of ``/proc/cpuinfo`` (or of ``text``); None where it is missing."""
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    for line in text.splitlines():
+        if line.lower().startswith(name):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 MATMUL_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_int8")
@@ -25,15 +32,14 @@ MATMUL_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_
 AVX-512; a bfloat16 engine such as vLLM's CPU backend is several times faster with AMX."""
 
 
-def _matmul_isa() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return " ".join(f for f in MATMUL_ISA if f in flags) or "none of " + ", ".join(MATMUL_ISA)
-    except OSError:
-        pass
-    return "unknown"
+def matmul_isa(cpuinfo: str | None = None) -> str:
+    """The ``MATMUL_ISA`` features among the CPU's flags (of ``cpuinfo``, default ``/proc/cpuinfo``),
+    ``none of ...`` when it has none of them, ``unknown`` when no flags line can be read."""
+    flags = _cpuinfo_field("flags", cpuinfo)
+    if flags is None:
+        return "unknown"
+    have = set(flags.split())
+    return " ".join(f for f in MATMUL_ISA if f in have) or "none of " + ", ".join(MATMUL_ISA)
 
 
 def _version(dist: str) -> str:
@@ -57,7 +63,7 @@ def machine_info() -> dict[str, Any]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
     return {
         "cpu": _cpu_name(),
-        "matmul_isa": _matmul_isa(),
+        "matmul_isa": matmul_isa(),
         "cores": cores,
         "memory": f"{_memory_gib()} GiB",
         "python": platform.python_version(),

@@ -238,15 +238,26 @@ def section_lines(value: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _positive(raw: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1: give at least 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m qaic_bench.vllm_cpu --out DIR``: only this comparison, written to DIR/vs-vllm-cpu.json."""
     parser = argparse.ArgumentParser(prog="python -m qaic_bench.vllm_cpu", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--rounds", type=int, default=CompareSettings.rounds)
+    parser.add_argument("--rounds", type=_positive, default=CompareSettings.rounds)
     parser.add_argument(
         "--prompts-per-batch",
-        type=int,
+        type=_positive,
         default=CompareSettings.prompts_per_batch,
         help="prompts per run as a multiple of the batch (default %(default)s)",
     )
