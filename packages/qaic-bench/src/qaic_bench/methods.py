@@ -165,7 +165,8 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             f"{_ccl_text(s)}: `comp_ctx_lengths_prefill` and `_decode`); `vllm bench serve` (random "
             f"{c.input_len}-token prompts, {c.output_len} output tokens, `--ignore-eos`, "
             f"{c.prompts_per_batch} x batch prompts per run) alternating between the two for {c.rounds} "
-            "rounds; medians and the ratios qaic / CPU backend."
+            "rounds; medians and the ratios qaic / CPU backend, and each server's lowest and highest rate "
+            "over the rounds."
         ),
         "timing_model": (
             "`qaic-sim fidelity --json`: the simulator's roofline timing model against every published "

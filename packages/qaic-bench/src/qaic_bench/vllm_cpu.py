@@ -235,7 +235,25 @@ def section_lines(value: Mapping[str, Any]) -> list[str]:
             f"| {batch} | ratio qaic / CPU | {r['output_throughput']:.2f} | {r['median_ttft_ms']:.2f} | "
             f"{r['median_tpot_ms']:.2f} |"
         )
+    spreads = [
+        f"batch {batch}: {spread}"
+        for batch, fig in sorted(value["batches"].items(), key=lambda kv: int(kv[0]))
+        if (spread := round_spread(fig.get("runs", {})))
+    ]
+    if spreads:
+        lines += ["", "Output tok/s over the rounds, lowest to highest: " + "; ".join(spreads) + "."]
     return lines
+
+
+def round_spread(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """Each server's lowest and highest output tok/s over its rounds ("" without rounds): a median
+    of a few rounds says little when the rounds spread wider than the gap between the servers."""
+    parts = []
+    for name, label in (("qaic", "qaic"), ("cpu", "CPU backend")):
+        rates = [float(r["output_throughput"]) for r in runs.get(name, ())]
+        if rates:
+            parts.append(f"{label} {min(rates):,.0f} to {max(rates):,.0f}")
+    return ", ".join(parts)
 
 
 def _positive(raw: str) -> int:
