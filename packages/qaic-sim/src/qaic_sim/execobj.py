@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qaic_core import runtime
 from qaic_core.types import Binding, Direction
-from qaic_sim import trace
+from qaic_sim import fpenv, trace
 from qaic_sim.buffers import QBuffer
 from qaic_sim.clock import sleep_until
 from qaic_sim.costing import TimingModelError
@@ -329,7 +330,9 @@ class ExecObj:
             feeds[b.name] = feed
             if given is None and b.name in image.in_place and program.holds(b, feed):
                 in_place[image.retained[b.name]] = feed
-        results = run_session(session, image.output_names, feeds, in_place)
+        # An fp16 program holds no float32 subnormals: the float32 kernels may flush theirs (fpenv).
+        with fpenv.flushing() if image.manifest.convert_to_fp16 else nullcontext():
+            results = run_session(session, image.output_names, feeds, in_place)
         out_results: list[np.ndarray | None] = [None] * len(image.bindings)
         for b, value in zip(image.outputs, results, strict=True):
             base = image.retained_out.get(b.name)
