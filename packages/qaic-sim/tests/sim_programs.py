@@ -12,7 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qaic_core import qpc as layout
 from qaic_core.types import Specialization
+from qaic_sim import qaicrt
 from qaic_sim.compiler import compile_argv
+from qaic_sim.qaicrt import QStatus
 
 QC = "com.qualcomm.cloud"
 D = 8  # feature width of the test programs
@@ -190,3 +192,17 @@ class KvReference:
             for j in range(x.shape[1]):
                 self.cache[bidx[i, 0], 0, pos[i, j]] = k[i, j]
         return self.cache[bidx[:, 0]].sum(axis=(1, 2))
+
+
+def run_once(qpc: Path, x: np.ndarray) -> np.ndarray:
+    """Load the program, run it once on ``x`` (binding 0) into an output shaped like it (binding 1), unload."""
+    ctx = qaicrt.Context()
+    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(qpc)))
+    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
+    exe = qaicrt.ExecObj(ctx, program)
+    y = np.zeros_like(x)
+    exe.setData([(0, x), (1, y)])
+    qaicrt.Queue(ctx, 0).enqueue(exe)
+    assert exe.waitForCompletion() == QStatus.SUCCESS, exe.lastError
+    program.unload()
+    return y

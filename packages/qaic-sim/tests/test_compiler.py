@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
-from sim_programs import D, compile_program, kv_specs, write_kv_model, write_matmul_model
+from sim_programs import D, compile_program, kv_specs, run_once, write_kv_model, write_matmul_model
 
 from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError
@@ -22,16 +22,7 @@ from qaic_sim.qaicrt import QStatus
 
 
 def _run_matmul(qpc: Path, x: np.ndarray) -> np.ndarray:
-    ctx = qaicrt.Context()
-    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(qpc)))
-    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
-    exe = qaicrt.ExecObj(ctx, program)
-    y = np.zeros_like(x)
-    exe.setData([(0, x), (1, y)])
-    qaicrt.Queue(ctx, 0).enqueue(exe)
-    assert exe.waitForCompletion() == QStatus.SUCCESS, exe.lastError
-    program.unload()
-    return y
+    return run_once(qpc, x)
 
 
 def test_layout_and_iodesc(tmp_path: Path) -> None:

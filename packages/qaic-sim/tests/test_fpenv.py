@@ -10,11 +10,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from sim_programs import compile_program
+from sim_programs import compile_program, run_once
 
 from qaic_core.types import Specialization
-from qaic_sim import fpenv, qaicrt
-from qaic_sim.qaicrt import QStatus
+from qaic_sim import fpenv
 
 TINY = np.float32(2.0**-126)
 """The smallest normal float32: half of it is a subnormal, or zero when flushed."""
@@ -54,19 +53,6 @@ def _softmax_model(path: Path, width: int) -> Path:
     return path
 
 
-def _run(qpc: Path, x: np.ndarray) -> np.ndarray:
-    ctx = qaicrt.Context()
-    program = qaicrt.Program(ctx, 0, qaicrt.Qpc(str(qpc)))
-    assert program.load() == QStatus.SUCCESS and program.activate() == QStatus.SUCCESS
-    exe = qaicrt.ExecObj(ctx, program)
-    y = np.zeros_like(x)
-    exe.setData([(0, x), (1, y)])
-    qaicrt.Queue(ctx, 0).enqueue(exe)
-    assert exe.waitForCompletion() == QStatus.SUCCESS, exe.lastError
-    program.unload()
-    return y
-
-
 def test_masked_softmax_in_fp16_keeps_its_values_and_the_callers_thread(tmp_path: Path) -> None:
     """A masked row (scores at fp16's lowest value) sends exp into float32 subnormals: the fp16 program's
     results are what the fp16 datapath gives, and the calling thread still has subnormals after the run."""
@@ -78,7 +64,7 @@ def test_masked_softmax_in_fp16_keeps_its_values_and_the_callers_thread(tmp_path
     x = np.random.default_rng(3).standard_normal((4, width)).astype(np.float32)
     x[:, 40:] = -65504.0  # masked positions, as an attention mask writes them
     x[1, 10:] = -90.0  # exp(-90 - max) is a float32 subnormal, so fp16 rounds it to 0
-    y16, y32 = _run(qpc16, x), _run(qpc32, x)
+    y16, y32 = run_once(qpc16, x), run_once(qpc32, x)
     assert _keeps_subnormals()
     r16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
     z = r16(x).astype(np.float64)
