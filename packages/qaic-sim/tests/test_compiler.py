@@ -21,10 +21,6 @@ from qaic_sim.compiler import compile_argv
 from qaic_sim.qaicrt import QStatus
 
 
-def _run_matmul(qpc: Path, x: np.ndarray) -> np.ndarray:
-    return run_once(qpc, x)
-
-
 def test_layout_and_iodesc(tmp_path: Path) -> None:
     onnx_path, _ = write_kv_model(tmp_path / "kv.onnx")
     specs = kv_specs(fbs=3, ctx=32, prefill=8)
@@ -61,7 +57,7 @@ def test_backend_compiler_and_onnx_define_symbol(tmp_path: Path) -> None:
         ["-aic-hw", f"-m={onnx_path}", "-onnx-define-symbol=batch_size,2", f"-aic-binary-dir={out}"]
     )
     x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
-    np.testing.assert_allclose(_run_matmul(out, x), np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_once(out, x), np.tanh(x @ w), rtol=1e-5, atol=1e-6)
 
 
 def test_convert_to_fp16_rounds_weights_inputs_and_activations(tmp_path: Path) -> None:
@@ -70,7 +66,7 @@ def test_convert_to_fp16_rounds_weights_inputs_and_activations(tmp_path: Path) -
     qpc32 = compile_program(tmp_path / "f32", onnx_path, spec, flags=())
     qpc16 = compile_program(tmp_path / "f16", onnx_path, spec, flags=("-convert-to-fp16",))
     x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
-    y32, y16 = _run_matmul(qpc32, x), _run_matmul(qpc16, x)
+    y32, y16 = run_once(qpc32, x), run_once(qpc16, x)
     r16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
     expected = r16(np.tanh(r16(r16(x) @ r16(w))))
     np.testing.assert_array_equal(y16, r16(y16))  # every output is an fp16 value
@@ -91,7 +87,7 @@ def test_mxfp6_matmul_stores_mx_weights(tmp_path: Path) -> None:
     manifest, _ = qpcfile.read_manifest(qpc)
     assert manifest.weights_bytes == int(np.ceil(w.size * mx.bytes_per_element("mxfp6")))
     x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
-    np.testing.assert_allclose(_run_matmul(qpc, x), np.tanh(x @ stored), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_once(qpc, x), np.tanh(x @ stored), rtol=1e-5, atol=1e-6)
 
 
 def _argv(

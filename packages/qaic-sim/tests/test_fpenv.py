@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import platform
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -13,7 +15,7 @@ from onnx import TensorProto, helper
 from sim_programs import compile_program, run_once
 
 from qaic_core.types import Specialization
-from qaic_sim import fpenv
+from qaic_sim import execobj, fpenv
 
 TINY = np.float32(2.0**-126)
 """The smallest normal float32: half of it is a subnormal, or zero when flushed."""
@@ -53,9 +55,30 @@ def _softmax_model(path: Path, width: int) -> Path:
     return path
 
 
-def test_masked_softmax_in_fp16_keeps_its_values_and_the_callers_thread(tmp_path: Path) -> None:
-    """A masked row (scores at fp16's lowest value) sends exp into float32 subnormals: the fp16 program's
-    results are what the fp16 datapath gives, and the calling thread still has subnormals after the run."""
+@pytest.fixture
+def run_states(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """For each onnxruntime run: the thread it ran on and whether that thread kept subnormals then.
+
+    The flushing cannot show in an fp16 program's values (every node's output is rounded to fp16,
+    which has no float32 subnormals), so the state is read where the run starts; the run itself is
+    the real one."""
+    states: list[tuple[str, bool]] = []
+    real = execobj.run_session
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        states.append((threading.current_thread().name, _keeps_subnormals()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(execobj, "run_session", spy)
+    return states
+
+
+def test_masked_softmax_in_fp16_keeps_its_values_and_the_callers_thread(
+    tmp_path: Path, run_states: list[tuple[str, bool]]
+) -> None:
+    """A masked row (scores at fp16's lowest value) sends exp into float32 subnormals: the fp16 program
+    runs flushed and its results are what the fp16 datapath gives; the float32 program runs unflushed
+    and keeps its subnormal results; the calling thread still has subnormals after both runs."""
     width = 64
     onnx_path = _softmax_model(tmp_path / "softmax.onnx", width)
     spec = [Specialization("b4", {"batch_size": 4})]
@@ -66,6 +89,8 @@ def test_masked_softmax_in_fp16_keeps_its_values_and_the_callers_thread(tmp_path
     x[1, 10:] = -90.0  # exp(-90 - max) is a float32 subnormal, so fp16 rounds it to 0
     y16, y32 = run_once(qpc16, x), run_once(qpc32, x)
     assert _keeps_subnormals()
+    caller = threading.current_thread().name  # unpaced, each run executes inline in this thread
+    assert run_states == [(caller, not fpenv.available()), (caller, True)]
     r16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
     z = r16(x).astype(np.float64)
     reference = np.exp(z - z.max(axis=1, keepdims=True))

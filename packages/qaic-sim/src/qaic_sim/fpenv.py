@@ -37,9 +37,7 @@ FTZ_DAZ = 0x8040
 
 
 def _libm() -> ctypes.CDLL | None:
-    if not (sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")):
-        return None
-    if platform.libc_ver()[0] != "glibc":
+    if sys.platform != "linux" or platform.machine() != "x86_64" or platform.libc_ver()[0] != "glibc":
         return None
     name = ctypes.util.find_library("m")
     if name is None:
@@ -53,18 +51,18 @@ def _libm() -> ctypes.CDLL | None:
 
 
 def _works(lib: ctypes.CDLL) -> bool:
-    """Whether setting the bits through ``fesetenv`` reads back, and restoring clears them again."""
+    """Whether setting the bits through ``fesetenv`` reads back, and restoring gives the MXCSR before."""
     saved = ctypes.create_string_buffer(FENV_SIZE)
     if lib.fegetenv(saved) != 0:
         return False
-    flushed = _with_bits(saved)
     probe = ctypes.create_string_buffer(FENV_SIZE)
     try:
-        if lib.fesetenv(flushed) != 0 or lib.fegetenv(probe) != 0:
+        if lib.fesetenv(_with_bits(saved)) != 0 or lib.fegetenv(probe) != 0:
             return False
-        return bool(_mxcsr(probe) & FTZ_DAZ == FTZ_DAZ)
+        flushed = _mxcsr(probe) & FTZ_DAZ == FTZ_DAZ
     finally:
         lib.fesetenv(saved)
+    return flushed and lib.fegetenv(probe) == 0 and _mxcsr(probe) == _mxcsr(saved)
 
 
 def _mxcsr(env: ctypes.Array[ctypes.c_char]) -> int:
