@@ -79,6 +79,7 @@ class SimConfig:
     pace: bool = False
     pace_as: str | None = None
     threads: int = 0
+    """onnxruntime intra-op threads per program; 0: every usable core but one (:func:`onnx_threads`)."""
     timing: bool = True
     """Model each run's device time; off, runs report 0 s and cannot be paced."""
     source: str = "defaults"
@@ -262,10 +263,30 @@ def _threads(raw: Any, where: str) -> int:
     try:
         n = int(raw)
     except (TypeError, ValueError):
-        raise QaicConfigError(f"{where}={raw!r} is not an integer (0 lets onnxruntime choose)") from None
+        raise QaicConfigError(f"{where}={raw!r} is not an integer (0: every usable core but one)") from None
     if n < 0:
-        raise QaicConfigError(f"{where}={raw!r} must be >= 0 (0 lets onnxruntime choose)")
+        raise QaicConfigError(f"{where}={raw!r} must be >= 0 (0: every usable core but one)")
     return n
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def onnx_threads(threads: int, cpus: int | None = None) -> int:
+    """onnxruntime intra-op threads for the ``threads`` setting: itself when set, else every usable core
+    but one, at least one.
+
+    The core left over runs the host beside the program: vLLM's engine loop, its API server and their
+    clients, as vLLM's CPU backend reserves a core for them. A pool over every core makes the program's
+    own threads and the host take turns on the same cores.
+    """
+    if threads > 0:
+        return threads
+    return max(1, (usable_cpus() if cpus is None else cpus) - 1)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

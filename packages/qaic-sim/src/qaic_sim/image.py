@@ -11,7 +11,7 @@ import numpy as np
 
 from qaic_core.types import Binding, Direction, SkuType
 from qaic_sim import costing, qpcfile, timing
-from qaic_sim.config import QAIC_SIM_PACE_AS, pace_as_config
+from qaic_sim.config import QAIC_SIM_PACE_AS, onnx_threads, pace_as_config
 from qaic_sim.timing_cost import ProgramCost
 
 log = logging.getLogger("qaic.sim.runtime")
@@ -44,26 +44,32 @@ class ProgramImage:
         self.dtypes = [b.dtype for b in self.bindings]
         self._lock = threading.Lock()
         self._session: Any = None
+        self.threads = 0
+        """onnxruntime intra-op threads of the session (0 until it is built)."""
         self.graph_dtypes: dict[str, np.dtype] = {}
         self.in_place = frozenset(self.manifest.in_place)
         self._times: dict[tuple[int, SkuType, int, int, str | None], float] = {}
         self._costs: tuple[ProgramCost, ...] | None = None
 
     def session(self, threads: int) -> Any:
-        """The onnxruntime session (CPU), built once; model-local functions are inlined by ORT."""
+        """The onnxruntime session (CPU), built once; model-local functions are inlined by ORT.
+
+        ``threads`` is the machine's ``threads`` setting (0: every usable core but one, see
+        :func:`~qaic_sim.config.onnx_threads`)."""
         with self._lock:
             if self._session is None:
                 import onnxruntime as ort
 
                 opts = ort.SessionOptions()
-                opts.intra_op_num_threads = threads
+                self.threads = onnx_threads(threads)
+                opts.intra_op_num_threads = self.threads
                 opts.inter_op_num_threads = 1
                 opts.log_severity_level = 3
                 model = qpcfile.read_member(self.path, qpcfile.MODEL)
                 self._session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
                 for v in [*self._session.get_inputs(), *self._session.get_outputs()]:
                     self.graph_dtypes[v.name] = np.dtype(_ORT_DTYPES.get(v.type, np.float32))
-                log.info("onnxruntime session ready for %s", self.path)
+                log.info("onnxruntime session ready for %s (%d intra-op threads)", self.path, self.threads)
             return self._session
 
     def match(self, shapes: list[tuple[int, ...] | None]) -> int | None:
