@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from sim_programs import compile_program, run_once, write_matmul_model
 
+from qaic_core.host import usable_cpus
 from qaic_core.types import Specialization
-from qaic_sim.config import onnx_threads, usable_cpus
+from qaic_sim.config import onnx_threads
 from qaic_sim.machine import get_machine, reset_machine
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from qaic_core.host import usable_cpus
 
 log = logging.getLogger("qaic.bench")
 
@@ -47,7 +48,7 @@ def hf_generate_tok_s(
         return int((out.shape[1] - ids.shape[1]) * ids.shape[0])
 
     # Give transformers its best thread count: on a busy small machine one thread can beat all of them.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cpus()
     trial: dict[int, float] = {}
     for threads in sorted({1, cores}):
         torch.set_num_threads(threads)

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from qaic_core.host import usable_cpus
+
 
 def _cpuinfo_field(name: str, text: str | None = None) -> str | None:
     """The first ``name: value`` of ``/proc/cpuinfo`` (or of ``text``); None where it is missing."""
@@ -60,7 +62,7 @@ def _memory_gib() -> float:
 
 def machine_info() -> dict[str, Any]:
     """CPU, its matrix-multiply features, usable cores, memory (GiB) and the versions that shape the figures."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+    cores = usable_cpus()
     return {
         "cpu": _cpu_name(),
         "matmul_isa": matmul_isa(),

@@ -18,6 +18,7 @@ import yaml
 
 from qaic_core.env import env_flag
 from qaic_core.errors import QaicConfigError
+from qaic_core.host import usable_cpus
 from qaic_core.types import SkuType
 
 QAIC_SIM_CONFIG = "QAIC_SIM_CONFIG"
@@ -267,13 +268,6 @@ def _threads(raw: Any, where: str) -> int:
     if n < 0:
         raise QaicConfigError(f"{where}={raw!r} must be >= 0 (0: every usable core but one)")
     return n
-
-
-def usable_cpus() -> int:
-    """Cores this process may run on (its affinity mask where the platform has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def onnx_threads(threads: int, cpus: int | None = None) -> int:
