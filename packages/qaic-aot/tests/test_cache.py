@@ -175,3 +175,12 @@ def test_failed_compile_leaves_no_entry(tiny_llama: Path, tmp_path: Path) -> Non
     assert not [p for p in export_root.iterdir() if p.is_dir()]
     # The next attempt with valid settings reuses the export and compiles cleanly.
     assert layout.qpc_exists(compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False))
+
+
+def test_the_hand_built_graphs_revision_keys_the_export(tiny_llama: Path) -> None:
+    """A cache written before the graph changed is not reused for the changed graph."""
+    from qaic_aot.export.decoder import GRAPH_REVISION
+
+    params = aot_compile.export_params(tiny_llama, "LlamaForCausalLM", SETTINGS)
+    assert params["route"] == "graph"
+    assert params["graph_revision"] == GRAPH_REVISION

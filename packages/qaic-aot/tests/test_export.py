@@ -341,3 +341,36 @@ def test_every_specialization_is_a_valid_static_graph(
         static = _specialized(model, dims)
         onnx.shape_inference.infer_shapes(static, strict_mode=True, data_prop=True)
         ort.InferenceSession(static.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_last_layer_computes_only_the_rows_whose_logits_leave(
+    tiny_llama: Path, tmp_path: Path, speculative: bool
+) -> None:
+    """Every row's keys and values are written to the cache, but after the last layer only the
+    rows the logits come from are used, so that layer's queries, attention output and MLP run on
+    those rows alone: in an 8-token prefill, 1 row (K + 1 with speculative decoding) against 8."""
+    settings = CompileSettings(
+        prefill_seq_len=8,
+        ctx_len=CTX,
+        full_batch_size=4,
+        convert_to_fp16=False,
+        num_speculative_tokens=3 if speculative else None,
+    )
+    result = export_onnx(tiny_llama, tmp_path / "model.onnx", settings, progress=False)
+    model = onnx.load(str(result.onnx_path))
+    dims = {"batch_size": 1, "seq_len": 8, "ctx_len": CTX, "full_batch_size": 4, "num_logits_to_keep": 4}
+    static = onnx.shape_inference.infer_shapes(_specialized(model, dims), strict_mode=True, data_prop=True)
+    shapes = {v.name: _dims(v) for v in static.graph.value_info}
+    last = result.num_layers - 1
+
+    def rows_of(layer: int, weight: str) -> int | str:
+        (name,) = [n for n in shapes if n.startswith(f"layers.{layer}.{weight}_")]
+        return shapes[name][1]
+
+    for weight in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+        assert rows_of(0, weight) == 8 and rows_of(last, weight) == 8
+    for weight in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+        assert rows_of(0, weight) == 8
+        # The K + 1 kept rows come from a Range that shape inference does not evaluate.
+        assert rows_of(last, weight) != 8 if speculative else rows_of(last, weight) == 1

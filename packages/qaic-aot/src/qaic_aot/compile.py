@@ -85,6 +85,10 @@ def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict
     }
     if settings.ccl:
         params["comp_ctx_lengths"] = True  # the comp_ctx_lengths input
+    if params["route"] == "graph":
+        from qaic_aot.export.decoder import GRAPH_REVISION
+
+        params["graph_revision"] = GRAPH_REVISION  # a changed graph is exported again, not reused
     return params
 
 

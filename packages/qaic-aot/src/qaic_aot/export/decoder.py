@@ -22,6 +22,11 @@ logger = logging.getLogger("qaic.aot.export")
 
 F32 = np.float32
 
+GRAPH_REVISION = 2
+"""Raised whenever the graph this module builds changes, so that cached exports are rebuilt (part of
+the export's cache key). 2: the last layer computes queries, attention output and MLP only for the
+rows whose logits the program returns."""
+
 
 class DecoderGraph:
     """Builds the graph of one decoder: embeddings, layers with KV ops, final norm, logits."""
@@ -126,11 +131,16 @@ class DecoderGraph:
                 "Unsqueeze", [g.op("Gather", [g.weight("rope.sin", sin_t), pos_c], axis=0), g.const([2])]
             )
         mask, ctx_indices = self.attention_mask(pos)
+        # Only the rows whose logits leave the program need the last layer's queries, attention
+        # output and MLP; every row's keys and values are still written to the cache.
+        kept = self.kept_rows(pos)
+        kept_mask, _ = self.attention_mask(g.op("GatherND", [pos, kept], batch_dims=1, hint="kept_pos"))
+        last = spec.num_layers - 1
         for i in tqdm(
             range(spec.num_layers), desc="export: decoder layers", disable=not progress, leave=False
         ):
-            h = self.layer(i, h, cos, sin, mask, ctx_indices)
-        h = self.last_hidden(h, pos)
+            rows = (kept, kept_mask) if i == last else None
+            h = self.layer(i, h, cos, sin, mask, ctx_indices, rows=rows)
         h = self.norm(h, "ln_f" if spec.family == "gpt2" else "norm")
         if spec.tie_word_embeddings or not self.w.has("lm_head.weight"):
             head = embed.T
@@ -159,7 +169,19 @@ class DecoderGraph:
         ctx_indices = g.op("Unsqueeze", [kv, g.const([0, 1])], hint="ctx_indices")
         return mask, ctx_indices
 
-    def layer(self, i: int, x: str, cos: str, sin: str, mask: str, ctx_indices: str) -> str:
+    def layer(
+        self,
+        i: int,
+        x: str,
+        cos: str,
+        sin: str,
+        mask: str,
+        ctx_indices: str,
+        *,
+        rows: tuple[str, str] | None = None,
+    ) -> str:
+        """One decoder layer. With ``rows`` (index ``[B, n, 1]`` into the sequence, and the mask of
+        those queries), the layer returns only those rows: all keys and values, n queries."""
         g, spec = self.g, self.spec
         gpt2 = spec.family == "gpt2"
         p = f"h.{i}" if gpt2 else f"layers.{i}"
@@ -187,6 +209,10 @@ class DecoderGraph:
             k = self.norm(k, f"{attn}.k_norm")
         if spec.positions == "rope":
             q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        if rows is not None:
+            index, mask = rows
+            q = g.op("GatherND", [q, index], batch_dims=1, hint=f"{p}.kept_queries")
+            x = g.op("GatherND", [x, index], batch_dims=1, hint=f"{p}.kept_rows")
         q, k, v = (g.op("Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))
         keys = self.cache(i, "key", k, ctx_indices)
         values = self.cache(i, "value", v, ctx_indices)
@@ -235,8 +261,9 @@ class DecoderGraph:
         )
         return g.op(f"CtxGather{suffix}", [kept, *rows, ctx_indices], domain=DOMAIN, hint=f"{past}_all")
 
-    def last_hidden(self, h: str, pos: str) -> str:
-        """Hidden states at argmax(position_ids) per row (or the last K+1 up to it)."""
+    def kept_rows(self, pos: str) -> str:
+        """Index ``[B, n, 1]`` of the rows whose logits the program returns: argmax(position_ids)
+        per row (n = 1), or the last K+1 up to it with speculative decoding."""
         g = self.g
         last = g.op("ArgMax", [g.op("Cast", [pos], to=TensorProto.INT32)], axis=1, keepdims=1)  # [B, 1]
         if self.settings.num_speculative_tokens is not None:
@@ -244,8 +271,7 @@ class DecoderGraph:
             start = g.op("Sub", [last, g.op("Sub", [keep, g.const(1)])])
             last = g.op("Add", [start, g.op("Range", [g.const(0), keep, g.const(1)])])
             last = g.op("Max", [last, g.const(0)])
-        index = g.op("Unsqueeze", [last, g.const([2])])
-        return g.op("GatherND", [h, index], batch_dims=1, hint="last_hidden")
+        return g.op("Unsqueeze", [last, g.const([2])], hint="kept_rows")
 
     def model(self) -> onnx.ModelProto:
         spec, s = self.spec, self.settings
