@@ -90,10 +90,17 @@ def test_io_contract_names_dtypes_and_symbolic_dims(
     )
     assert result.architecture == "LlamaForCausalLM"
     functions = {(f.domain, f.name) for f in model.functions}
-    assert functions == {("com.qualcomm.cloud", "CtxScatterCB"), ("com.qualcomm.cloud", "CtxGatherCB")}
-    assert {(o.domain, o.version) for o in model.opset_import} >= {("com.qualcomm.cloud", 1)}
+    assert functions == {
+        ("com.qualcomm.cloud", "CtxScatterCB"),
+        ("com.qualcomm.cloud", "CtxGatherCB"),
+        ("com.qti.aisw.onnx", "CustomRMSNorm"),  # QEfficient's compiler-known RMSNorm
+    }
+    imports = {(o.domain, o.version) for o in model.opset_import}
+    assert imports >= {("com.qualcomm.cloud", 1), ("com.qti.aisw.onnx", 1)}
     kv_ops = [n for n in model.graph.node if n.domain == "com.qualcomm.cloud"]
     assert len(kv_ops) == 8  # a scatter and a gather per K and V per layer
+    norms = [n for n in model.graph.node if (n.domain, n.op_type) == ("com.qti.aisw.onnx", "CustomRMSNorm")]
+    assert len(norms) == 5  # two per layer and the final norm
 
 
 def test_io_contract_without_continuous_batching(tiny_llama: Path, tmp_path: Path) -> None:
@@ -102,7 +109,7 @@ def test_io_contract_without_continuous_batching(tiny_llama: Path, tmp_path: Pat
     assert "batch_index" not in names
     assert session.get_inputs()[2].shape == ["batch_size", 2, "ctx_len", 16]
     model = onnx.load(str(result.onnx_path))
-    assert {f.name for f in model.functions} == {"CtxScatter", "CtxGather"}
+    assert {f.name for f in model.functions} == {"CtxScatter", "CtxGather", "CustomRMSNorm"}
     ids = np.array([[5, 6, 7, 8]], np.int64)
     out = _run(session, {"input_ids": ids, "position_ids": np.arange(4)[None], **_empty_cache(result, 1)})
     ref = HFReference(tiny_llama).logits([5, 6, 7, 8])

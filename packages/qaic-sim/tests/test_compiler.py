@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from sim_programs import D, compile_program, kv_specs, run_once, write_kv_model, write_matmul_model
 
 from qaic_core import qpc as layout
@@ -73,6 +73,61 @@ def test_convert_to_fp16_rounds_weights_inputs_and_activations(tmp_path: Path) -
     np.testing.assert_allclose(y16, expected, rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(y32, np.tanh(x @ w), rtol=1e-5, atol=1e-6)
     assert np.abs(y16 - y32).max() > 0  # the datapath really is narrower
+
+
+def _write_rms_norm_model(path: Path, width: int, eps: float) -> tuple[Path, np.ndarray]:
+    """y = CustomRMSNorm(x, w): QEfficient's compiler-known op, defined as a model-local function."""
+    w = np.random.default_rng(3).uniform(0.5, 1.5, width).astype(np.float32)
+    eps_node = helper.make_node("Constant", [], ["eps"])
+    eps_node.attribute.append(
+        onnx.AttributeProto(name="value_float", ref_attr_name="epsilon", type=onnx.AttributeProto.FLOAT)
+    )
+    body = [
+        eps_node,
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], keepdims=1),
+        helper.make_node("Add", ["var", "eps"], ["shifted"]),
+        helper.make_node("Sqrt", ["shifted"], ["rms"]),
+        helper.make_node("Div", ["x", "rms"], ["normed"]),
+        helper.make_node("Mul", ["normed", "w"], ["out"]),
+    ]
+    domain = "com.qti.aisw.onnx"
+    function = helper.make_function(
+        domain, "CustomRMSNorm", ["x", "w"], ["out"], body, [helper.make_opsetid("", 17)], ["epsilon"]
+    )
+    graph = helper.make_graph(
+        [helper.make_node("CustomRMSNorm", ["x", "W"], ["y"], domain=domain, epsilon=eps)],
+        "rms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch_size", width])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[function])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path, w
+
+
+def test_fp16_rounds_a_compiler_known_kernel_once(tmp_path: Path) -> None:
+    """CustomRMSNorm is one kernel on the device: computed at full precision, its output rounded to
+    fp16 once, not after each of the steps its ONNX definition spells out."""
+    eps = 1e-5
+    onnx_path, w = _write_rms_norm_model(tmp_path / "rms.onnx", width=256, eps=eps)
+    qpc = compile_program(
+        tmp_path / "f16", onnx_path, [Specialization("b8", {"batch_size": 8})], flags=("-convert-to-fp16",)
+    )
+    x = (np.random.default_rng(4).standard_normal((8, 256)) * 3).astype(np.float32)
+    y = run_once(qpc, x)
+    r16 = lambda a: np.asarray(a, np.float32).astype(np.float16).astype(np.float32)  # noqa: E731
+    x16 = r16(x).astype(np.float64)
+    once = r16(x16 / np.sqrt((x16 * x16).mean(-1, keepdims=True) + eps) * r16(w))
+    step = r16(r16(r16(x16) / r16(np.sqrt(r16(r16(r16(x16 * x16).mean(-1, keepdims=True)) + eps)))) * r16(w))
+    np.testing.assert_array_equal(y, r16(y))  # fp16 values
+    ulp = np.spacing(np.abs(once).astype(np.float16)).astype(np.float32)
+    assert np.all(np.abs(y - once) <= ulp)  # at most a tie broken the other way
+    assert np.mean(y == once) > 0.99
+    assert np.mean(y == once) > np.mean(y == step)  # not rounded step by step
 
 
 def test_mxfp6_matmul_stores_mx_weights(tmp_path: Path) -> None:

@@ -45,8 +45,9 @@ from qaic_core.types import Specialization
 
 log = logging.getLogger("qaic.aot.pooling")
 
-POOLING_PIPELINE_VERSION = 1
-"""Bumped when the pooling graphs or their compile inputs change, so old cache entries are not reused."""
+POOLING_PIPELINE_VERSION = 2
+"""Bumped when the pooling graphs or their compile inputs change, so old cache entries are not reused
+(2: decoder RMSNorm as QEfficient's compiler-known ``CustomRMSNorm``)."""
 PAD_TOKEN = 0
 
 

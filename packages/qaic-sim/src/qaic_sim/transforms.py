@@ -23,6 +23,17 @@ _EXACT_OPS = {
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Trilu",
 }  # fmt: skip
 
+FUSED_KERNELS = {("com.qti.aisw.onnx", "CustomRMSNorm")}
+"""Custom ops the compiler knows and runs as one kernel (QEfficient exports RMSNorm as one): computed
+at full precision inside, their output rounded to fp16 like any compute node's."""
+
+
+def _rounded(node: onnx.NodeProto) -> bool:
+    """Whether an fp16 program rounds this node's float outputs."""
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type not in _EXACT_OPS
+    return (node.domain, node.op_type) in FUSED_KERNELS
+
 
 def _float_initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     return [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
@@ -88,6 +99,9 @@ def _rounding(src: str, dst: str) -> list[onnx.NodeProto]:
 def round_activations_fp16(model: onnx.ModelProto, held: Collection[str] = ()) -> int:
     """Round float graph inputs, and the output of every float-producing compute node, to fp16.
 
+    A compiler-known fused kernel (:data:`FUSED_KERNELS`) is one node: its output is rounded, the
+    steps inside it are not.
+
     The graph keeps float32 tensors so every onnxruntime CPU kernel is available; the values
     it carries are those an fp16 datapath would hold. Inputs named in ``held`` (retained state) are
     left as they come: the runtime feeds them fp16 values (the program's own rounded outputs, or a
@@ -113,7 +127,7 @@ def round_activations_fp16(model: onnx.ModelProto, held: Collection[str] = ()) -
             if name in renames:
                 node.input[i] = renames[name]
         nodes.append(node)
-        if node.op_type in _EXACT_OPS or node.domain not in ("", "ai.onnx"):
+        if not _rounded(node):
             continue
         for i, out in enumerate(node.output):
             if not out or out not in floats:

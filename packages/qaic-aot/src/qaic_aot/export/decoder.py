@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from qaic_aot.export import contract
 from qaic_aot.export.families import DecoderSpec
 from qaic_aot.export.graph import GraphBuilder
+from qaic_aot.export.norm_op import CUSTOM_OPS_DOMAIN, RMS_NORM, custom_ops_imports, rms_norm_function
 from qaic_aot.export.ops import DOMAIN, DOMAIN_VERSION, ONNX_OPSET, kv_functions
 from qaic_aot.export.rope import rope_tables
 from qaic_aot.export.weights import WeightSource
@@ -22,10 +23,10 @@ logger = logging.getLogger("qaic.aot.export")
 
 F32 = np.float32
 
-GRAPH_REVISION = 2
+GRAPH_REVISION = 3
 """Raised whenever the graph this module builds changes, so that cached exports are rebuilt (part of
 the export's cache key). 2: the last layer computes queries, attention output and MLP only for the
-rows whose logits the program returns."""
+rows whose logits the program returns. 3: RMSNorm is QEfficient's ``CustomRMSNorm``."""
 
 
 class DecoderGraph:
@@ -68,10 +69,8 @@ class DecoderGraph:
         return self.rms(x, g.weight(f"{name}.weight", weight))
 
     def rms(self, x: str, weight: str) -> str:
-        g = self.g
-        var = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=[-1], keepdims=1)
-        denom = g.op("Sqrt", [g.op("Add", [var, g.const(self.spec.norm_eps, F32)])])
-        return g.op("Mul", [g.op("Div", [x, denom]), weight])
+        """QEfficient's compiler-known ``CustomRMSNorm`` (see :mod:`qaic_aot.export.norm_op`)."""
+        return self.g.op(RMS_NORM, [x, weight], domain=CUSTOM_OPS_DOMAIN, epsilon=float(self.spec.norm_eps))
 
     def act(self, x: str) -> str:
         g, kind = self.g, self.spec.activation
@@ -302,8 +301,12 @@ class DecoderGraph:
         )
         model = helper.make_model(
             graph,
-            opset_imports=[helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
-            functions=kv_functions(self.cb),
+            opset_imports=[
+                helper.make_opsetid("", ONNX_OPSET),
+                helper.make_opsetid(DOMAIN, DOMAIN_VERSION),
+                *custom_ops_imports(self.g.nodes),
+            ],
+            functions=[*kv_functions(self.cb), *rms_norm_function(self.g.nodes)],
             producer_name="qaic-aot",
         )
         model.ir_version = 8

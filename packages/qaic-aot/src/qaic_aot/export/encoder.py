@@ -29,6 +29,7 @@ from qaic_aot.export import contract
 from qaic_aot.export.decoder import DecoderGraph
 from qaic_aot.export.families import DecoderSpec, decoder_spec
 from qaic_aot.export.graph import GraphBuilder
+from qaic_aot.export.norm_op import custom_ops_imports, rms_norm_function
 from qaic_aot.export.ops import ONNX_OPSET
 from qaic_aot.export.pooling_archs import CLASSIFIER, DECODER, pooling_architecture
 from qaic_aot.export.weights import WeightSource
@@ -340,7 +341,10 @@ def make_model(g: GraphBuilder, output: str, family: str, hidden: int, labels: i
         outputs = [info(OUTPUT, TensorProto.FLOAT, [bs, sl, hidden])]
     graph = helper.make_graph(g.nodes, f"qaic_{family}_{output}", inputs, outputs, initializer=g.initializers)
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)], producer_name="qaic-aot"
+        graph,
+        opset_imports=[helper.make_opsetid("", ONNX_OPSET), *custom_ops_imports(g.nodes)],
+        functions=rms_norm_function(g.nodes),
+        producer_name="qaic-aot",
     )
     model.ir_version = 8
     return model
