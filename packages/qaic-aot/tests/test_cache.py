@@ -177,10 +177,19 @@ def test_failed_compile_leaves_no_entry(tiny_llama: Path, tmp_path: Path) -> Non
     assert layout.qpc_exists(compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False))
 
 
-def test_the_hand_built_graphs_revision_keys_the_export(tiny_llama: Path) -> None:
+def test_the_hand_built_graphs_revision_keys_the_export(
+    tiny_llama: Path, tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A cache written before the graph changed is not reused for the changed graph."""
-    from qaic_aot.export.decoder import GRAPH_REVISION
+    from qaic_aot.export import decoder
 
+    home = tmp_path / "home"
     params = aot_compile.export_params(tiny_llama, "LlamaForCausalLM", SETTINGS)
-    assert params["route"] == "graph"
-    assert params["graph_revision"] == GRAPH_REVISION
+    assert (params["route"], params["graph_revision"]) == ("graph", decoder.GRAPH_REVISION)
+    before = compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False)
+    assert compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False) == before
+    assert calls.exports == 1
+    monkeypatch.setattr(decoder, "GRAPH_REVISION", decoder.GRAPH_REVISION + 1)
+    after = compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False)
+    assert after.parent != before.parent  # a new export entry
+    assert calls.exports == 2

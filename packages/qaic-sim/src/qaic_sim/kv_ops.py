@@ -38,10 +38,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qaic_core.custom_ops import KV_OPS_DOMAIN
+
 log = logging.getLogger("qaic.sim.compiler")
 
-KV_OPS_DOMAIN = "com.qualcomm.cloud"
-"""Domain of the KV-cache custom ops (CtxScatter, CtxGather and their CB variants)."""
 
 _OPSET = 17
 

@@ -29,7 +29,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qaic_sim.kv_ops import KV_OPS_DOMAIN, kernel_kind
+from qaic_core.custom_ops import KV_OPS_DOMAIN
+from qaic_sim.kv_ops import kernel_kind
 
 log = logging.getLogger("qaic.sim.compiler")
 

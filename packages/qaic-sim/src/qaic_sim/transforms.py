@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qaic_core.custom_ops import FUSED_KERNELS, KV_OPS_DOMAIN
 from qaic_sim import mx
-from qaic_sim.kv_ops import KV_OPS_DOMAIN
 
 log = logging.getLogger("qaic.sim.compiler")
 
@@ -23,13 +23,11 @@ _EXACT_OPS = {
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Trilu",
 }  # fmt: skip
 
-FUSED_KERNELS = {("com.qti.aisw.onnx", "CustomRMSNorm")}
-"""Custom ops the compiler knows and runs as one kernel (QEfficient exports RMSNorm as one): computed
-at full precision inside, their output rounded to fp16 like any compute node's."""
-
 
 def _rounded(node: onnx.NodeProto) -> bool:
-    """Whether an fp16 program rounds this node's float outputs."""
+    """Whether an fp16 program rounds this node's float outputs. A compiler-known fused kernel
+    (``qaic_core.custom_ops.FUSED_KERNELS``) computes at full precision inside and is rounded as one
+    node; other custom ops (the KV ops) only move fp16 values."""
     if node.domain in ("", "ai.onnx"):
         return node.op_type not in _EXACT_OPS
     return (node.domain, node.op_type) in FUSED_KERNELS
@@ -99,7 +97,7 @@ def _rounding(src: str, dst: str) -> list[onnx.NodeProto]:
 def round_activations_fp16(model: onnx.ModelProto, held: Collection[str] = ()) -> int:
     """Round float graph inputs, and the output of every float-producing compute node, to fp16.
 
-    A compiler-known fused kernel (:data:`FUSED_KERNELS`) is one node: its output is rounded, the
+    A compiler-known fused kernel (``qaic_core.custom_ops.FUSED_KERNELS``) is one node: its output is rounded, the
     steps inside it are not.
 
     The graph keeps float32 tensors so every onnxruntime CPU kernel is available; the values

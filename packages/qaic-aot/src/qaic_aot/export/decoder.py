@@ -13,10 +13,11 @@ from tqdm.auto import tqdm
 from qaic_aot.export import contract
 from qaic_aot.export.families import DecoderSpec
 from qaic_aot.export.graph import GraphBuilder
-from qaic_aot.export.norm_op import CUSTOM_OPS_DOMAIN, RMS_NORM, custom_ops_imports, rms_norm_function
+from qaic_aot.export.norm_op import custom_ops_imports, rms_norm_function
 from qaic_aot.export.ops import DOMAIN, DOMAIN_VERSION, ONNX_OPSET, kv_functions
 from qaic_aot.export.rope import rope_tables
 from qaic_aot.export.weights import WeightSource
+from qaic_core.custom_ops import CUSTOM_OPS_DOMAIN, RMS_NORM
 from qaic_core.settings import CompileSettings
 
 logger = logging.getLogger("qaic.aot.export")
@@ -129,11 +130,14 @@ class DecoderGraph:
             sin = g.op(
                 "Unsqueeze", [g.op("Gather", [g.weight("rope.sin", sin_t), pos_c], axis=0), g.const([2])]
             )
-        mask, ctx_indices = self.attention_mask(pos)
+        kv = self.kv_positions()
+        mask = self.attention_mask(pos, kv)
+        ctx_indices = g.op("Unsqueeze", [kv, g.const([0, 1])], hint="ctx_indices")
         # Only the rows whose logits leave the program need the last layer's queries, attention
         # output and MLP; every row's keys and values are still written to the cache.
         kept = self.kept_rows(pos)
-        kept_mask, _ = self.attention_mask(g.op("GatherND", [pos, kept], batch_dims=1, hint="kept_pos"))
+        kept_pos = g.op("GatherND", [pos, kept], batch_dims=1, hint="kept_pos")
+        kept_mask = self.attention_mask(kept_pos, kv)
         last = spec.num_layers - 1
         for i in tqdm(
             range(spec.num_layers), desc="export: decoder layers", disable=not progress, leave=False
@@ -148,25 +152,25 @@ class DecoderGraph:
         g.op("MatMul", [h, g.weight("lm_head.weight", head)], outputs=["logits"])
         return self.model()
 
-    def attention_mask(self, pos: str) -> tuple[str, str]:
-        """Masked [B, 1, 1, S, C]: key j hidden from a query at p when j > p (or outside the window).
-
-        C is the cache's context, or with compute-context lengths the length of ``comp_ctx_lengths``:
-        the KV positions a run reads and attends to (QEfficient's CCL).
-        """
+    def kv_positions(self) -> str:
+        """The KV positions ``[C]`` a run reads and attends to: the cache's context, or with
+        compute-context lengths the length of ``comp_ctx_lengths`` (QEfficient's CCL)."""
         g = self.g
         source = contract.COMP_CTX_LENGTHS if self.ccl else "past_key.0"
         axis = 0 if self.ccl else 2
         ctx = g.op("Gather", [g.op("Shape", [source]), g.const(axis)], axis=0, hint="ctx_len")
-        kv = g.op("Range", [g.const(0), ctx, g.const(1)], hint="kv_positions")
+        return g.op("Range", [g.const(0), ctx, g.const(1)], hint="kv_positions")
+
+    def attention_mask(self, pos: str, kv: str) -> str:
+        """Masked ``[B, 1, 1, S, C]`` for queries at ``pos`` ``[B, S]``: key j hidden from a query
+        at p when j > p (or outside the window)."""
+        g = self.g
         query = g.op("Unsqueeze", [pos, g.const([2])])
         masked = g.op("Greater", [kv, query])
         if self.spec.sliding_window is not None and self.spec.sliding_window < self.settings.ctx_len:
             lower = g.op("Sub", [query, g.const(self.spec.sliding_window)])
             masked = g.op("Or", [masked, g.op("LessOrEqual", [kv, lower])])
-        mask = g.op("Unsqueeze", [masked, g.const([1, 2])], hint="attn_mask")
-        ctx_indices = g.op("Unsqueeze", [kv, g.const([0, 1])], hint="ctx_indices")
-        return mask, ctx_indices
+        return g.op("Unsqueeze", [masked, g.const([1, 2])], hint="attn_mask")
 
     def layer(
         self,
@@ -209,7 +213,7 @@ class DecoderGraph:
         if spec.positions == "rope":
             q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         if rows is not None:
-            index, mask = rows
+            index, mask = rows  # the kept queries attend under their own mask
             q = g.op("GatherND", [q, index], batch_dims=1, hint=f"{p}.kept_queries")
             x = g.op("GatherND", [x, index], batch_dims=1, hint=f"{p}.kept_rows")
         q, k, v = (g.op("Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))

@@ -14,24 +14,24 @@ from collections.abc import Iterable
 import onnx
 from onnx import TensorProto, helper
 
-CUSTOM_OPS_DOMAIN = "com.qti.aisw.onnx"
+from qaic_aot.export.ops import ONNX_OPSET
+from qaic_core.custom_ops import CUSTOM_OPS_DOMAIN, RMS_NORM
+
 CUSTOM_OPS_VERSION = 1
-RMS_NORM = "CustomRMSNorm"
-_ONNX_OPSET = 17
 
 
-def uses_rms_norm(nodes: Iterable[onnx.NodeProto]) -> bool:
+def _uses_rms_norm(nodes: Iterable[onnx.NodeProto]) -> bool:
     return any(n.op_type == RMS_NORM and n.domain == CUSTOM_OPS_DOMAIN for n in nodes)
 
 
 def custom_ops_imports(nodes: Iterable[onnx.NodeProto]) -> list[onnx.OperatorSetIdProto]:
     """The opset import the graph needs for ``CustomRMSNorm``: one, or none when no node uses it."""
-    return [helper.make_opsetid(CUSTOM_OPS_DOMAIN, CUSTOM_OPS_VERSION)] if uses_rms_norm(nodes) else []
+    return [helper.make_opsetid(CUSTOM_OPS_DOMAIN, CUSTOM_OPS_VERSION)] if _uses_rms_norm(nodes) else []
 
 
 def rms_norm_function(nodes: Iterable[onnx.NodeProto]) -> list[onnx.FunctionProto]:
     """The model-local definition of ``CustomRMSNorm`` (attribute ``epsilon``, a float), when used."""
-    return [_rms_norm_function()] if uses_rms_norm(nodes) else []
+    return [_rms_norm_function()] if _uses_rms_norm(nodes) else []
 
 
 def _rms_norm_function() -> onnx.FunctionProto:
@@ -58,6 +58,6 @@ def _rms_norm_function() -> onnx.FunctionProto:
         ["hidden_states", "weight"],
         ["output"],
         nodes,
-        [helper.make_opsetid("", _ONNX_OPSET)],
+        [helper.make_opsetid("", ONNX_OPSET)],
         ["epsilon"],
     )

@@ -14,7 +14,9 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-DOMAIN = "com.qualcomm.cloud"
+from qaic_core.custom_ops import KV_OPS_DOMAIN
+
+DOMAIN = KV_OPS_DOMAIN
 DOMAIN_VERSION = 1
 ONNX_OPSET = 17
 
