@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,30 +14,16 @@ from typing import Any
 
 import httpx
 
+from qaic_core.host import free_ports
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)
 
 
 def free_port_range(count: int) -> int:
     """The first of ``count`` consecutive ports that nothing listens on right now."""
-    for _ in range(200):
-        base = random.randrange(20000, 40000)
-        try:
-            socks = []
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no free port range")
+    return free_ports(count)
 
 
 def disagg_command() -> list[str]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from qaic_core.host import free_ports
 
 
 def vllm_command() -> list[str]:
@@ -22,10 +23,8 @@ def vllm_command() -> list[str]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now (see ``qaic_core.host.free_ports``)."""
+    return free_ports(1)
 
 
 class VllmServer:
