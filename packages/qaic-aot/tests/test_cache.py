@@ -193,3 +193,23 @@ def test_the_hand_built_graphs_revision_keys_the_export(
     after = compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False)
     assert after.parent != before.parent  # a new export entry
     assert calls.exports == 2
+
+
+def test_the_simulators_attention_setting_keys_the_program(
+    tiny_llama: Path, tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend's compiler revision is part of the program's key: a program compiled with the
+    simulator's fused attention off is not reused once it is on, and the export is."""
+    from qaic_sim.machine import reset_machine
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("QAIC_SIM_FUSED_ATTENTION", "0")
+    reset_machine()
+    plain = compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False)
+    monkeypatch.delenv("QAIC_SIM_FUSED_ATTENTION")
+    reset_machine()
+    fused = compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False)
+    assert fused != plain and fused.parent.parent == plain.parent.parent
+    assert (calls.exports, calls.compiles) == (1, 2)
+    assert compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False) == fused
+    assert calls.compiles == 2

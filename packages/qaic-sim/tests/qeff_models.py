@@ -235,12 +235,16 @@ def write_qeff_model(path: Path, weights: QeffWeights, *, ccl: bool = True) -> P
                         ("wk", weights.wk), ("wv", weights.wv), ("lm_head", weights.lm_head))
     ]  # fmt: skip
     graph = helper.make_graph(nodes, "qeff_style", inputs, outputs, inits)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(QC, 1), helper.make_opsetid(QTI, 1)],
-        functions=[ctx_scatter_cb(), ctx_gather_cb(), custom_rms_norm()],
-        producer_name="pytorch",
+    return save_model(
+        path, graph, [ctx_scatter_cb(), ctx_gather_cb(), custom_rms_norm()], producer_name="pytorch"
     )
+
+
+def save_model(path: Path, graph: onnx.GraphProto, functions: list[onnx.FunctionProto], **kw: str) -> Path:
+    """Check and write a model of ``graph`` with the functions' domains imported (IR version 8)."""
+    domains = sorted({f.domain for f in functions})
+    opsets = [helper.make_opsetid("", 17), *(helper.make_opsetid(d, 1) for d in domains)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=functions, **kw)
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(path))

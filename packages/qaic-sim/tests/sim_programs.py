@@ -144,6 +144,17 @@ def kv_specs(fbs: int = 2, ctx: int = 16, prefill: int = 4) -> list[Specializati
     ]
 
 
+def ccl_specs(slots: int, ctx: int, chunk: int, ccls: Sequence[int]) -> list[Specialization]:
+    """QEfficient's CCL layout: one prefill and one decode specialization per compute-context length."""
+    common = {"ctx_len": ctx, "full_batch_size": slots}
+    return [
+        *(Specialization("Prefill", {"batch_size": 1, "seq_len": chunk, "comp_ctx_lengths": c, **common})
+          for c in ccls),
+        *(Specialization("Decode", {"batch_size": slots, "seq_len": 1, "comp_ctx_lengths": c, **common})
+          for c in ccls),
+    ]  # fmt: skip
+
+
 def compile_program(
     root: Path,
     onnx_path: Path,

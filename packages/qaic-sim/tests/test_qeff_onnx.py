@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from qeff_models import INT32_MAX, VOCAB, QeffReference, QeffWeights, write_qeff_model
 from qeff_session import QeffStyleSession
-from sim_programs import compile_program, write_matmul_model
+from sim_programs import ccl_specs, compile_program, write_matmul_model
 
 from qaic_core.types import Specialization
 from qaic_sim import aicapi, qaicrt, qpcfile
@@ -25,14 +25,7 @@ CCLS = (8, 16)
 
 
 def specs() -> list[Specialization]:
-    """QEfficient's CCL layout: one prefill and one decode specialization per compute-context length."""
-    common = {"ctx_len": CTX, "full_batch_size": SLOTS}
-    return [
-        *(Specialization("Prefill", {"batch_size": 1, "seq_len": CHUNK, "comp_ctx_lengths": c, **common})
-          for c in CCLS),
-        *(Specialization("Decode", {"batch_size": SLOTS, "seq_len": 1, "comp_ctx_lengths": c, **common})
-          for c in CCLS),
-    ]  # fmt: skip
+    return ccl_specs(SLOTS, CTX, CHUNK, CCLS)
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,18 @@ def test_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         load_config({"QAIC_SIM_CONFIG": str(tmp_path / "missing.yaml")})
 
 
+def test_fused_attention_setting(tmp_path: Path) -> None:
+    assert load_config({}).fused_attention
+    assert not load_config({"QAIC_SIM_FUSED_ATTENTION": "0"}).fused_attention
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text("fused_attention: false\n")
+    assert not load_config({"QAIC_SIM_CONFIG": str(cfg)}).fused_attention
+    assert load_config({"QAIC_SIM_CONFIG": str(cfg), "QAIC_SIM_FUSED_ATTENTION": "1"}).fused_attention
+    cfg.write_text("fused_attention: sometimes\n")
+    with pytest.raises(QaicConfigError, match="'fused_attention' must be true or false"):
+        load_config({"QAIC_SIM_CONFIG": str(cfg)})
+
+
 def test_visible_devices_filter_and_renumber(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("QAIC_SIM_TOPOLOGY", "standard,pro")
     monkeypatch.setenv("QAIC_VISIBLE_DEVICES", "1")
@@ -156,7 +168,7 @@ def test_every_simulator_variable_and_fault_kind_is_documented() -> None:
         pytest.skip("docs are not part of this checkout")
     text = page.read_text()
     names = [v for k, v in vars(config).items() if k.startswith("QAIC_SIM_") and isinstance(v, str)]
-    assert len(names) == 8
+    assert len(names) == 9
     for name in names:
         assert f"`{name}`" in text, name
     for kind in faults.KINDS:

@@ -105,6 +105,8 @@ def compile_params(settings: CompileSettings, backend: DeviceBackend) -> dict[st
         "compiler": f"{backend.package} {_version(backend.package)}",
         "pipeline_version": PIPELINE_VERSION,
     }
+    if backend.compiler_revision is not None:
+        params["compiler_revision"] = backend.compiler_revision()
     if len(settings.batched_prefill_rows) > 1:
         # Batched prefills of fewer rows than prefill_batch_size were added to the same settings;
         # programs compiled with only the full batch are not reused.

@@ -31,7 +31,9 @@ class DeviceBackend:
     (without the program name) and raises on failure. ``trace`` and ``faults`` are the
     typed controls behind the ``traces`` and ``faults`` capabilities (set exactly when claimed).
     ``eager`` opens the device layer the eager path runs on (:mod:`qaic_core.eager`); a backend
-    without one leaves the eager path to ``torch_qaic``.
+    without one leaves the eager path to ``torch_qaic``. ``compiler_revision`` names what changes the
+    programs the compiler writes beyond the package's version (its own revision and the settings
+    that shape them), so that a cached program is compiled again when it changes.
     """
 
     name: str
@@ -46,6 +48,7 @@ class DeviceBackend:
     trace: TraceControl | None = None
     faults: FaultControl | None = None
     eager: Callable[[EagerDeviceRequest], EagerDevice] | None = None
+    compiler_revision: Callable[[], str] | None = None
 
 
 @dataclass(frozen=True)

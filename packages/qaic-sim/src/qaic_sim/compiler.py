@@ -17,7 +17,7 @@ from onnx import TensorProto
 from qaic_core import qpc as layout
 from qaic_core.errors import QaicConfigError, QaicError
 from qaic_core.types import BUFFER_DTYPES, Binding, BufferType, Direction, Specialization
-from qaic_sim import aicapi, costing, kv_ops, kv_shared, mx, transforms
+from qaic_sim import aicapi, attention, costing, kv_ops, kv_shared, mx, transforms
 from qaic_sim.compiler_flags import CompileOptions, parse_argv
 from qaic_sim.config import QAIC_SIM_TIMING
 from qaic_sim.machine import get_machine
@@ -46,6 +46,16 @@ PRECISIONS: dict[str, BufferType] = {
 """custom_io precisions and the host buffer type each gives; mxint8 travels as fp16."""
 
 
+COMPILER_REVISION = 2
+"""Raised when the executable graph the compiler writes changes (2: the fused decode attention)."""
+
+
+def compiler_revision() -> str:
+    """What shapes the programs compiled now: the revision, and the fused attention when it is off."""
+    fused = get_machine().config.fused_attention
+    return f"{COMPILER_REVISION}" if fused else f"{COMPILER_REVISION}, exported attention"
+
+
 def compile_argv(argv: Sequence[str]) -> Path:
     """Compile like ``qaic-compile ARGV``; returns the path of ``programqpc.bin``."""
     start = time.perf_counter()
@@ -68,7 +78,13 @@ def compile_argv(argv: Sequence[str]) -> Path:
         transforms.round_weights_fp16(model, skip=mx_weights)
         transforms.round_activations_fp16(model, held=set(retained))
 
-    with kv_ops.device_kernels(model), kv_shared.shared_indices(model):
+    in_place = kv_ops.in_place_state(model, retained)
+    blocks = attention.find_blocks(model, in_place) if get_machine().config.fused_attention else []
+    with (
+        kv_ops.device_kernels(model),
+        kv_shared.shared_indices(model),
+        attention.fused_attention(model, blocks, rounded=opts.convert_to_fp16),
+    ):
         model_bytes = model.SerializeToString()
     _check_executable(model_bytes, opts.model)
     probe = _OutputProbe(model_bytes)
@@ -90,7 +106,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
         activation_bytes=_activation_bytes(bindings, spec_dims, retained),
         argv=opts.argv,
         source_model=str(opts.model.resolve()),
-        in_place=tuple(sorted(kv_ops.in_place_state(model, retained))),
+        in_place=tuple(sorted(in_place)),
     )
     manifest = _with_costs(manifest, model, opts.model)
     extra = {layout.SPECIALIZATIONS_FILE: _specs_json(specs).encode()}

@@ -2,7 +2,7 @@
 
 Precedence: built-in defaults < ``QAIC_SIM_CONFIG`` file (YAML or JSON) < single env vars
 (``QAIC_SIM_TOPOLOGY``, ``QAIC_SIM_FAULTS``, ``QAIC_SIM_TRACE_DIR``, ``QAIC_SIM_PACE``,
-``QAIC_SIM_PACE_AS``, ``QAIC_SIM_THREADS``, ``QAIC_SIM_TIMING``).
+``QAIC_SIM_PACE_AS``, ``QAIC_SIM_THREADS``, ``QAIC_SIM_TIMING``, ``QAIC_SIM_FUSED_ATTENTION``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ QAIC_SIM_PACE = "QAIC_SIM_PACE"
 QAIC_SIM_PACE_AS = "QAIC_SIM_PACE_AS"
 QAIC_SIM_THREADS = "QAIC_SIM_THREADS"
 QAIC_SIM_TIMING = "QAIC_SIM_TIMING"
+QAIC_SIM_FUSED_ATTENTION = "QAIC_SIM_FUSED_ATTENTION"
 
 DEFAULT_TOPOLOGY = "ultra"
 _SKU_ALIASES = {
@@ -67,7 +68,7 @@ PACE_PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Model shapes ``pace_as`` accepts by name (public Hugging Face configs, sizes only)."""
 
-_FILE_KEYS = {"cards", "faults", "trace_dir", "pace", "pace_as", "threads", "timing"}
+_FILE_KEYS = {"cards", "faults", "trace_dir", "pace", "pace_as", "threads", "timing", "fused_attention"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class SimConfig:
     """onnxruntime intra-op threads per program; 0: every usable core but one (:func:`onnx_threads`)."""
     timing: bool = True
     """Model each run's device time; off, runs report 0 s and cannot be paced."""
+    fused_attention: bool = True
+    """Compile decode attention to one fused kernel (``qaic_sim.attention``); off, programs compiled
+    from then on run the exported attention nodes in every run."""
     source: str = "defaults"
 
 
@@ -199,6 +203,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> SimConfig:
         values["threads"] = _threads(env[QAIC_SIM_THREADS], QAIC_SIM_THREADS)
     if env.get(QAIC_SIM_TIMING, "").strip():
         values["timing"] = env_flag(QAIC_SIM_TIMING, True, env)
+    if env.get(QAIC_SIM_FUSED_ATTENTION, "").strip():
+        values["fused_attention"] = env_flag(QAIC_SIM_FUSED_ATTENTION, True, env)
     if values.get("timing") is False and (values.get("pace") or values.get("pace_as")):
         raise QaicConfigError(
             f"pacing ({QAIC_SIM_PACE} / {QAIC_SIM_PACE_AS}) sleeps for the modelled device time, but "
@@ -319,8 +325,9 @@ def _read_file(path: Path) -> dict[str, Any]:
         out["pace_as"] = str(data["pace_as"])
     if "threads" in data:
         out["threads"] = _threads(data["threads"], where)
-    if "timing" in data:
-        if not isinstance(data["timing"], bool):
-            raise QaicConfigError(f"{where}: 'timing' must be true or false")
-        out["timing"] = data["timing"]
+    for key in ("timing", "fused_attention"):
+        if key in data:
+            if not isinstance(data[key], bool):
+                raise QaicConfigError(f"{where}: '{key}' must be true or false")
+            out[key] = data[key]
     return out

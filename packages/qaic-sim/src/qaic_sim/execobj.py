@@ -327,9 +327,14 @@ class ExecObj:
                 arr = program.state_array(b, spec.dims[b.index])
             gdt = image.graph_dtypes[b.name]
             feed = arr if arr.dtype == gdt else arr.astype(gdt)
-            feeds[b.name] = feed
-            if given is None and b.name in image.in_place and program.holds(b, feed):
+            if b.name in image.in_place:
+                if given is not None or not program.holds(b, feed):
+                    # The run updates its cache where it lies (the fused attention kernel appends to
+                    # the cache it reads): a supplied or re-encoded cache gets a private copy first,
+                    # so the caller's buffer stays as it was.
+                    feed = np.array(feed, order="C", copy=True)
                 in_place[image.retained[b.name]] = feed
+            feeds[b.name] = feed
         # An fp16 program holds no float32 subnormals: the float32 kernels may flush theirs (fpenv).
         with fpenv.flushing() if image.manifest.convert_to_fp16 else nullcontext():
             results = run_session(session, image.output_names, feeds, in_place)

@@ -235,7 +235,7 @@ def share_kv_indices(model: onnx.ModelProto) -> int:
             if kind == "scatter":
                 _scatter_shared(group, data, batch_index, index, actual["updates"])
             else:
-                _gather_shared(group, data, batch_index, index)
+                _gather_shared(group, cache, batch_index, index)  # the cache input: same shape, read first
             nodes.extend(group.nodes)
         op = _Names(f"{group.prefix}op{rewritten}_")
         if kind == "scatter":

@@ -56,6 +56,13 @@ def compile_qpc(args: Sequence[str]) -> None:
     compile_argv(list(args))
 
 
+def compiler_revision() -> str:
+    """What the compiled programs depend on beyond the package version (``compiler.compiler_revision``)."""
+    from qaic_sim.compiler import compiler_revision as revision
+
+    return revision()
+
+
 def eager_device(request: EagerDeviceRequest) -> EagerDevice:
     """The eager path's device layer: CPU tensors accounted against a simulated SoC."""
     from qaic_sim.eager import open_eager_device
@@ -117,5 +124,6 @@ def qaic_device_backends() -> list[DeviceBackend]:
             trace=MachineTrace(),
             faults=MachineFaults(),
             eager=eager_device,
+            compiler_revision=compiler_revision,
         )
     ]
