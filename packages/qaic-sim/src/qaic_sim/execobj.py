@@ -328,10 +328,12 @@ class ExecObj:
             gdt = image.graph_dtypes[b.name]
             feed = arr if arr.dtype == gdt else arr.astype(gdt)
             if b.name in image.in_place:
-                if given is not None or not program.holds(b, feed):
-                    # The run updates its cache where it lies (the fused attention kernel appends to
-                    # the cache it reads): a supplied or re-encoded cache gets a private copy first,
-                    # so the caller's buffer stays as it was.
+                # The run updates its cache where it lies (the fused attention kernel appends to the
+                # cache it reads): the held state itself, or a private copy of a cache the caller
+                # supplied (left as it was), or of held state that cannot be written in place.
+                callers = given is not None and np.may_share_memory(feed, given)
+                stuck = program.state.get(b.name) is feed and not program.holds(b, feed)
+                if callers or stuck or not (feed.flags.c_contiguous and feed.flags.writeable):
                     feed = np.array(feed, order="C", copy=True)
                 in_place[image.retained[b.name]] = feed
             feeds[b.name] = feed
