@@ -18,8 +18,9 @@ invalid (padding, ``-1``) writes nothing, as ``CtxScatter`` does on the device. 
 (prefill, a batched prefill, speculative verification, a sparse batch) takes the graph's own nodes,
 kept whole in the other branch of an ``If``.
 
-The pattern recognised is the one both exporters write for grouped-query attention; a graph whose
-attention has another shape keeps its nodes (``find_blocks`` returns nothing for it). The timing
+The pattern recognised is the grouped-query attention of qaic-aot's decoder graph (queries grouped
+as ``[B, KV, G, S, D]``); a graph whose attention has another shape (a traced or QEfficient export)
+keeps its nodes (``find_blocks`` returns nothing for it). The timing
 model reads the exported graph, not this one, so the modelled device time does not change.
 """
 
