@@ -213,3 +213,12 @@ def test_the_simulators_attention_setting_keys_the_program(
     assert (calls.exports, calls.compiles) == (1, 2)
     assert compile_model(tiny_llama, SETTINGS, qeff_home=home, progress=False) == fused
     assert calls.compiles == 2
+
+
+def test_the_traced_routes_revision_keys_the_export(tiny_llama: Path) -> None:
+    """A traced export made before the traced graph changed (RMSNorm as ``CustomRMSNorm``) is not reused."""
+    from qaic_aot.export.traced.export import TRACED_REVISION
+
+    params = aot_compile.export_params(tiny_llama, "Gemma2ForCausalLM", SETTINGS)
+    assert (params["route"], params["traced_revision"]) == ("traced", TRACED_REVISION)
+    assert "traced_revision" not in aot_compile.export_params(tiny_llama, "LlamaForCausalLM", SETTINGS)

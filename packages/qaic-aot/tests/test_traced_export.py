@@ -107,3 +107,23 @@ def test_memory_reads_traced_configs(arch: str, tiny_model_factory: Callable[[st
         1 if arch in ("falcon-mq", "gpt_bigcode") else config.get("num_key_value_heads", 4)
     )
     assert dims.matmul_params > 0
+
+
+@pytest.mark.parametrize(
+    ("arch", "norms"),
+    [("gemma2", 4 * 2 + 1), ("qwen3_moe", 2 * 4 + 1), ("gptj", 0)],
+)
+def test_traced_rms_norms_export_as_custom_rms_norm(
+    arch: str, norms: int, tiny_model_factory: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Each RMSNorm module (Gemma's ``1 + w`` folded into its weight) is QEfficient's compiler-known
+    ``CustomRMSNorm`` and LayerNorm stays (the parity tests show the values are transformers')."""
+    from qaic_aot.export.norm_op import CUSTOM_OPS_DOMAIN, RMS_NORM
+
+    settings = CompileSettings(prefill_seq_len=8, ctx_len=CTX, full_batch_size=2)
+    result = export_onnx(tiny_model_factory(arch), tmp_path / "m.onnx", settings, progress=False)
+    model = onnx.load(str(result.onnx_path))
+    found = [n for n in model.graph.node if (n.domain, n.op_type) == (CUSTOM_OPS_DOMAIN, RMS_NORM)]
+    assert len(found) == norms
+    assert ({f.name for f in model.functions if f.domain == CUSTOM_OPS_DOMAIN} == {RMS_NORM}) == bool(norms)
+    onnx.checker.check_model(model, full_check=True)

@@ -89,6 +89,10 @@ def export_params(model_dir: Path, arch: str, settings: CompileSettings) -> dict
         from qaic_aot.export.decoder import GRAPH_REVISION
 
         params["graph_revision"] = GRAPH_REVISION  # a changed graph is exported again, not reused
+    elif params["route"] == "traced":
+        from qaic_aot.export.traced.export import TRACED_REVISION
+
+        params["traced_revision"] = TRACED_REVISION
     return params
 
 

@@ -1,10 +1,11 @@
 """Trace transformers' own model code to ONNX with QEfficient's IO contract (the ``traced`` route).
 
-The model is loaded as transformers builds it; three replacements make it a Cloud AI program: the
+The model is loaded as transformers builds it; four replacements make it a Cloud AI program: the
 KV cache (:mod:`.kv`: CtxScatter/CtxGather on the ``past_*`` inputs), the attention (:mod:`.attention`:
-the model's own eager attention under a mask made from the real positions) and the LM head
-(:mod:`.program`: logits only at ``argmax(position_ids)``). Mixture-of-experts blocks use transformers'
-batched experts implementation, which has no data-dependent loop.
+the model's own eager attention under a mask made from the real positions), the LM head
+(:mod:`.program`: logits only at ``argmax(position_ids)``) and the RMSNorm modules (:mod:`.norm`:
+QEfficient's ``CustomRMSNorm``). Mixture-of-experts blocks use transformers' batched experts
+implementation, which has no data-dependent loop.
 """
 
 from __future__ import annotations
@@ -20,13 +21,19 @@ import onnx
 import torch
 
 from qaic_aot.export import contract
+from qaic_aot.export.norm_op import CUSTOM_OPS_VERSION, custom_ops_imports, rms_norm_function
 from qaic_aot.export.ops import DOMAIN, DOMAIN_VERSION, ONNX_OPSET, kv_functions
-from qaic_aot.export.traced import attention
+from qaic_aot.export.traced import attention, norm
 from qaic_aot.export.traced.families import TracedFamily
 from qaic_aot.export.traced.program import CausalLMProgram
+from qaic_core.custom_ops import CUSTOM_OPS_DOMAIN
 from qaic_core.settings import CompileSettings
 
 logger = logging.getLogger("qaic.aot.export")
+
+TRACED_REVISION = 2
+"""Raised when the traced graph changes for the same model (2: RMSNorm as ``CustomRMSNorm``), so a
+cached export is not reused."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,7 @@ def trace(model: Any, geometry: KvGeometry, settings: CompileSettings, ccl: bool
     """
     n = geometry.num_layers
     model.config._attn_implementation = attention.register()
+    norm.replace_rms_norms(model)
     program = CausalLMProgram(
         model, n, settings.full_batch_size is not None, settings.num_speculative_tokens is not None, ccl
     ).eval()
@@ -134,7 +142,7 @@ def trace(model: Any, geometry: KvGeometry, settings: CompileSettings, ccl: bool
             output_names=contract.output_names(n),
             dynamic_axes=dynamic_axes(n, settings, ccl),
             opset_version=ONNX_OPSET,
-            custom_opsets={DOMAIN: DOMAIN_VERSION},
+            custom_opsets={DOMAIN: DOMAIN_VERSION, CUSTOM_OPS_DOMAIN: CUSTOM_OPS_VERSION},
             do_constant_folding=True,
         )
         traced = onnx.load(str(path))
@@ -166,8 +174,11 @@ def finish(model: onnx.ModelProto, geometry: KvGeometry, settings: CompileSettin
             _set_shape(value, shapes[value.name])
     del model.graph.value_info[:]
     model.functions.extend(kv_functions(settings.full_batch_size is not None))
+    model.functions.extend(rms_norm_function(model.graph.node))
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    if not any(o.domain == CUSTOM_OPS_DOMAIN for o in model.opset_import):
+        model.opset_import.extend(custom_ops_imports(model.graph.node))
     model.producer_name = "qaic-aot"
     return model
 
