@@ -18,26 +18,25 @@ invalid (padding, ``-1``) writes nothing, as ``CtxScatter`` does on the device. 
 (prefill, a batched prefill, speculative verification, a sparse batch) takes the graph's own nodes,
 kept whole in the other branch of an ``If``.
 
-The pattern recognised is the grouped-query attention of qaic-aot's decoder graph (queries grouped
-as ``[B, KV, G, S, D]``); a graph whose attention has another shape (a traced or QEfficient export)
-keeps its nodes (``find_blocks`` returns nothing for it). The timing
-model reads the exported graph, not this one, so the modelled device time does not change.
+The blocks are found by :mod:`qaic_sim.attention_pattern`: the grouped-query attention of qaic-aot's
+decoder graph; a graph whose attention has another shape (a traced or QEfficient export) keeps its
+nodes. The timing model reads the exported graph, not this one, so the modelled device time does
+not change.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from qaic_core.custom_ops import KV_OPS_DOMAIN
-from qaic_sim.kv_ops import kernel_kind
+from qaic_sim.attention_pattern import Block, find_blocks
+from qaic_sim.graph_build import Names, arange, constants, declared_dims
 
 log = logging.getLogger("qaic.sim.compiler")
 
@@ -45,265 +44,37 @@ ORT_DOMAIN = "com.microsoft"
 _PREFIX = "__qaic_attn_"
 
 
-@dataclass(frozen=True)
-class Block:
-    """One layer's attention as the graph computes it, by value names."""
-
-    key_cache: str
-    value_cache: str
-    key_out: str
-    value_out: str
-    query: str
-    """``[B, S, heads, D]`` queries, before the transpose to heads-first."""
-    key: str
-    value: str
-    mask: str
-    """Boolean ``[B, 1, 1, S, C]``: True where a key is hidden."""
-    masked_score: float
-    scale: float
-    out: str
-    """``[B, S, heads * D]``: the attention output the output projection reads."""
-    num_heads: int
-    kv_heads: int
-    batch_index: str | None
-    position_ids: str
-    ctx_indices: str
-
-
-class _Graph:
-    def __init__(self, model: onnx.ModelProto) -> None:
-        g = model.graph
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
-        self.inits = {t.name: t for t in g.initializer}
-        self.inputs = {v.name for v in g.input}
-        self.outputs = {v.name for v in g.output}
-
-    def const(self, name: str) -> np.ndarray | None:
-        if name in self.inits:
-            return numpy_helper.to_array(self.inits[name])
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value":
-                    return numpy_helper.to_array(attr.t)
-        return None
-
-    def only(self, name: str, op: str) -> onnx.NodeProto | None:
-        users = self.consumers.get(name, [])
-        return users[0] if len(users) == 1 and users[0].op_type == op else None
-
-    def made_by(self, name: str, op: str) -> onnx.NodeProto | None:
-        node = self.producer.get(name)
-        return node if node is not None and node.op_type == op else None
-
-    def after_rounding(self, name: str) -> str:
-        """The fp16-rounded value of ``name`` when the program rounds it (a Cast pair), else ``name``."""
-        down = self.only(name, "Cast")
-        if down is None or _cast_to(down) != TensorProto.FLOAT16:
-            return name
-        up = self.only(down.output[0], "Cast")
-        return up.output[0] if up is not None and _cast_to(up) == TensorProto.FLOAT else name
-
-    def ints(self, name: str) -> list[int] | None:
-        value = self.const(name)
-        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
-
-
-def _cast_to(node: onnx.NodeProto) -> int:
-    return next((a.i for a in node.attribute if a.name == "to"), -1)
-
-
-def _perm(node: onnx.NodeProto | None) -> list[int] | None:
-    if node is None:
-        return None
-    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-
-
-def _axis(node: onnx.NodeProto, default: int) -> int:
-    return next((a.i for a in node.attribute if a.name == "axis"), default)
-
-
-def _kv_calls(model: onnx.ModelProto) -> dict[str, tuple[str | None, list[str]]]:
-    return {f.name: (kernel_kind(f), list(f.input)) for f in model.functions if f.domain == KV_OPS_DOMAIN}
-
-
-def _call(
-    g: _Graph, kinds: dict[str, tuple[str | None, list[str]]], name: str, kind: str
-) -> dict[str, str] | None:
-    """The actual inputs (by formal name) of the KV op of ``kind`` that writes ``name``."""
-    node = g.producer.get(name)
-    if node is None or node.domain != KV_OPS_DOMAIN:
-        return None
-    found, formals = kinds.get(node.op_type, (None, []))
-    if found != kind:
-        return None
-    return dict(zip(formals, node.input, strict=False))
-
-
-def _match(g: _Graph, kinds: dict[str, tuple[str | None, list[str]]], gather: onnx.NodeProto) -> Block | None:
-    """The attention block whose key gather is ``gather``, or None when the graph says something else."""
-    k_read = _call(g, kinds, gather.output[0], "gather")
-    if k_read is None:
-        return None
-    k_write = _call(g, kinds, k_read["data"], "scatter")
-    if k_write is None or k_write["data"] not in g.inputs or k_read["data"] not in g.outputs:
-        return None
-    k5 = g.only(gather.output[0], "Unsqueeze")
-    kt = None if k5 is None or g.ints(k5.input[1]) != [2] else g.only(k5.output[0], "Transpose")
-    if kt is None or _perm(kt) != [0, 1, 2, 4, 3]:
-        return None
-    qk = g.only(kt.output[0], "MatMul")
-    if qk is None or qk.input[1] != kt.output[0]:
-        return None
-    q5 = g.made_by(qk.input[0], "Reshape")
-    qt = None if q5 is None else g.made_by(q5.input[0], "Transpose")
-    q_shape = None if q5 is None else g.ints(q5.input[1])
-    if qt is None or _perm(qt) != [0, 2, 1, 3] or q_shape is None or len(q_shape) != 5:
-        return None
-    kv_heads, groups, head_dim = q_shape[1], q_shape[2], q_shape[4]
-    mul = g.only(g.after_rounding(qk.output[0]), "Mul")
-    scale = None if mul is None else g.const(mul.input[1])
-    if mul is None or scale is None or scale.size != 1:
-        return None
-    where = g.only(g.after_rounding(mul.output[0]), "Where")
-    masked = None if where is None else g.const(where.input[1])
-    if (
-        where is None
-        or where.input[2] != g.after_rounding(mul.output[0])
-        or masked is None
-        or masked.size != 1
-    ):
-        return None
-    softmax = g.only(where.output[0], "Softmax")
-    if softmax is None or _axis(softmax, -1) not in (-1, 4):
-        return None
-    pv = g.only(g.after_rounding(softmax.output[0]), "MatMul")
-    v5 = None if pv is None else g.made_by(pv.input[1], "Unsqueeze")
-    if pv is None or v5 is None or g.ints(v5.input[1]) != [2]:
-        return None
-    v_read = _call(g, kinds, v5.input[0], "gather")
-    v_write = None if v_read is None else _call(g, kinds, v_read["data"], "scatter")
-    if (
-        v_read is None
-        or v_write is None
-        or v_write["data"] not in g.inputs
-        or v_read["data"] not in g.outputs
-    ):
-        return None
-    heads = kv_heads * groups
-    r1 = g.only(g.after_rounding(pv.output[0]), "Reshape")
-    t1 = (
-        None
-        if r1 is None or g.ints(r1.input[1]) != [0, heads, -1, head_dim]
-        else g.only(r1.output[0], "Transpose")
-    )
-    r2 = None if t1 is None or _perm(t1) != [0, 2, 1, 3] else g.only(t1.output[0], "Reshape")
-    if r2 is None or g.ints(r2.input[1]) != [0, 0, heads * head_dim]:
-        return None
-    index = ("batch_index", "position_ids")
-    if any(k_write.get(k) != v_write.get(k) for k in index) or k_read.get("batch_index") != k_write.get(
-        "batch_index"
-    ):
-        return None
-    if k_read["ctx_indices"] != v_read["ctx_indices"] or v_read.get("batch_index") != k_write.get(
-        "batch_index"
-    ):
-        return None
-    kt_new = g.made_by(k_write["updates"], "Transpose")
-    vt_new = g.made_by(v_write["updates"], "Transpose")
-    if _perm(kt_new) != [0, 2, 1, 3] or _perm(vt_new) != [0, 2, 1, 3]:
-        return None
-    assert kt_new is not None and vt_new is not None
-    return Block(
-        key_cache=k_write["data"],
-        value_cache=v_write["data"],
-        key_out=k_read["data"],
-        value_out=v_read["data"],
-        query=qt.input[0],
-        key=kt_new.input[0],
-        value=vt_new.input[0],
-        mask=where.input[0],
-        masked_score=float(masked.reshape(-1)[0]),
-        scale=float(scale.reshape(-1)[0]),
-        out=r2.output[0],
-        num_heads=heads,
-        kv_heads=kv_heads,
-        batch_index=k_write.get("batch_index"),
-        position_ids=k_write["position_ids"],
-        ctx_indices=k_read["ctx_indices"],
-    )
-
-
-def find_blocks(model: onnx.ModelProto, in_place: Collection[str]) -> list[Block]:
-    """Every layer's attention the fused kernel can run (the graph's KV ops still function calls).
-
-    Only caches the runtime updates in place (``in_place``, see ``kv_ops.in_place_state``) qualify:
-    the kernel appends to the cache it reads, so its output must be that same buffer.
-    """
-    if not fused_kernel_available():
-        return []
-    g = _Graph(model)
-    kinds = _kv_calls(model)
-    blocks = []
-    for node in model.graph.node:
-        if node.domain == KV_OPS_DOMAIN and kinds.get(node.op_type, (None, []))[0] == "gather":
-            block = _match(g, kinds, node)
-            if block is not None and {block.key_cache, block.value_cache} <= set(in_place):
-                blocks.append(block)
-    return blocks
-
-
-_AVAILABLE: bool | None = None
-
-
+@functools.cache
 def fused_kernel_available() -> bool:
-    """Whether this onnxruntime's ``GroupQueryAttention`` takes ``query_seqlens`` (rows that write nothing)."""
-    global _AVAILABLE
-    if _AVAILABLE is None:
-        try:
-            from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+    """Whether this onnxruntime's ``GroupQueryAttention`` takes ``query_seqlens`` (rows that write
+    nothing) and ``attention_bias`` (the graph's mask)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-            _AVAILABLE = any(
-                s.name == "GroupQueryAttention"
-                and s.domain == ORT_DOMAIN
-                and any(i.name == "query_seqlens" for i in s.inputs)
-                and any(i.name == "attention_bias" for i in s.inputs)
-                for s in ort_state.get_all_operator_schema()
-            )
-        except Exception:  # an onnxruntime without the schema API: keep the graph's nodes
-            _AVAILABLE = False
-    return _AVAILABLE
-
-
-class _Nodes:
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.nodes: list[onnx.NodeProto] = []
-
-    def const(self, name: str, value: Any, dtype: Any) -> str:
-        out = f"{self.prefix}{name}"
-        self.nodes.append(
-            helper.make_node(
-                "Constant", [], [out], value=numpy_helper.from_array(np.array(value, dtype), out)
-            )
+        return any(
+            s.name == "GroupQueryAttention"
+            and s.domain == ORT_DOMAIN
+            and {"query_seqlens", "attention_bias"} <= {i.name for i in s.inputs}
+            for s in ort_state.get_all_operator_schema()
         )
-        return out
-
-    def add(self, op: str, inputs: list[str], name: str, **attrs: Any) -> str:
-        out = f"{self.prefix}{name}"
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
+    except Exception:  # an onnxruntime without the schema API: keep the graph's nodes
+        return False
 
 
-def _flags(n: _Nodes, block: Block) -> tuple[str, str, str, str]:
+def fusable_blocks(model: onnx.ModelProto, in_place: Collection[str]) -> list[Block]:
+    """The blocks (:func:`~qaic_sim.attention_pattern.find_blocks`) this onnxruntime can fuse."""
+    if not fused_kernel_available():
+        log.info(
+            "attention: onnxruntime's GroupQueryAttention lacks query_seqlens; decode runs the exported nodes"
+        )
+        return []
+    return find_blocks(model, in_place)
+
+
+def _flags(n: Names, block: Block) -> tuple[str, str, str, str]:
     """Nodes for the fast-path flag and the kernel's per-row inputs: (fast, seqlens_k, query_seqlens, total)."""
-    i64 = np.int64
-    zero, one, two, three = (n.const(f"k{v}", [v], i64) for v in range(4))
-    flat = n.const("flat", [-1], i64)
+    constants(n, 3)
+    zero, one, two, three, flat = (n(k) for k in ("k0", "k1", "k2", "k3", "kneg1"))
     pos_shape = n.add("Shape", [block.position_ids], "pos_shape")
     cache_shape = n.add("Shape", [block.key_cache], "cache_shape")
     rows = n.add("Slice", [pos_shape, zero, one], "rows")
@@ -318,12 +89,6 @@ def _flags(n: _Nodes, block: Block) -> tuple[str, str, str, str]:
     ci = n.add("Reshape", [n.add("Cast", [block.ctx_indices], "ci64", to=TensorProto.INT64), flat], "ci")
     width = n.add("Shape", [ci], "width")
 
-    def arange(length: str, name: str) -> str:
-        end = n.add("Squeeze", [length, zero], f"{name}_end")
-        start = n.add("Squeeze", [zero, zero], f"{name}_start")
-        step = n.add("Squeeze", [one, zero], f"{name}_step")
-        return n.add("Range", [start, end, step], name)
-
     def all_of(cond: str, name: str) -> str:
         as_int = n.add("Cast", [cond], f"{name}_i", to=TensorProto.INT64)
         return n.add("ReduceMin", [as_int], name, keepdims=0)
@@ -331,7 +96,7 @@ def _flags(n: _Nodes, block: Block) -> tuple[str, str, str, str]:
     checks = [
         all_of(n.add("Equal", [tokens, one], "one_token"), "one_token_ok"),
         all_of(n.add("Equal", [rows, n.add("Slice", [cache_shape, zero, one], "cache_rows")], "full"), "full_ok"),
-        all_of(n.add("Equal", [ci, arange(width, "positions")], "ci_in_order"), "ci_ok"),
+        all_of(n.add("Equal", [ci, arange(n, width, "positions")], "ci_in_order"), "ci_ok"),
         all_of(n.add("LessOrEqual", [width, ctx], "fits"), "fits_ok"),
         all_of(n.add("Or", [n.add("Not", [valid], "idle"), n.add("Less", [pos, width], "seen")], "within"), "within_ok"),
     ]  # fmt: skip
@@ -339,7 +104,8 @@ def _flags(n: _Nodes, block: Block) -> tuple[str, str, str, str]:
         bi = n.add("Reshape", [n.add("Cast", [block.batch_index], "bi64", to=TensorProto.INT64), flat], "bi")
         checks.append(
             all_of(
-                n.add("Equal", [bi, arange(n.add("Shape", [bi], "bi_len"), "slots")], "bi_in_order"), "bi_ok"
+                n.add("Equal", [bi, arange(n, n.add("Shape", [bi], "bi_len"), "slots")], "bi_in_order"),
+                "bi_ok",
             )
         )
     fast = checks[0]
@@ -352,9 +118,7 @@ def _flags(n: _Nodes, block: Block) -> tuple[str, str, str, str]:
     return fast, seqlens, query_lens, total
 
 
-def _fused_branch(
-    n: _Nodes, block: Block, flags: tuple[str, str, str, str], rounded: bool
-) -> onnx.GraphProto:
+def _fused_branch(n: Names, block: Block, flags: tuple[str, str, str, str], rounded: bool) -> onnx.GraphProto:
     _, seqlens, query_lens, total = flags
     keep = n.const("merge_heads", [0, 0, -1], np.int64)
     q, k, v = (
@@ -453,8 +217,8 @@ def fuse(model: onnx.ModelProto, blocks: list[Block], rounded: bool) -> int:
     graph = model.graph
     nodes = list(graph.node)
     outputs = {v.name for v in graph.output}
-    dims = {v.name: str(v.type.tensor_type.shape) for v in graph.input if v.type.HasField("tensor_type")}
-    shared: dict[tuple[str | None, str, str, str], tuple[str, str, str, str]] = {}
+    dims = {v.name: declared_dims(v) for v in graph.input}
+    shared: dict[tuple[object, ...], tuple[str, str, str, str]] = {}
     fused = 0
     for b, block in enumerate(blocks):
         inside = _block_nodes(nodes, block, outputs)
@@ -465,15 +229,15 @@ def fuse(model: onnx.ModelProto, blocks: list[Block], rounded: bool) -> int:
             block.batch_index,
             block.position_ids,
             block.ctx_indices,
-            dims.get(block.key_cache, block.key_cache),
+            dims.get(block.key_cache) or block.key_cache,
         )
         flags = shared.get(key)
         before: list[onnx.NodeProto] = []  # the group's flags, made just before its first fused layer
         if flags is None:
-            n = _Nodes(f"{_PREFIX}g{len(shared)}_")
+            n = Names(f"{_PREFIX}g{len(shared)}_")
             flags = shared[key] = _flags(n, block)
             before = n.nodes
-        then_graph = _fused_branch(_Nodes(f"{_PREFIX}{b}_"), block, flags, rounded)
+        then_graph = _fused_branch(Names(f"{_PREFIX}{b}_"), block, flags, rounded)
         general = [onnx.NodeProto() for _ in inside]
         for copy, i in zip(general, inside, strict=True):
             copy.CopyFrom(nodes[i])

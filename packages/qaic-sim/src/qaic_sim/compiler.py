@@ -79,7 +79,7 @@ def compile_argv(argv: Sequence[str]) -> Path:
         transforms.round_activations_fp16(model, held=set(retained))
 
     in_place = kv_ops.in_place_state(model, retained)
-    blocks = attention.find_blocks(model, in_place) if get_machine().config.fused_attention else []
+    blocks = attention.fusable_blocks(model, in_place) if get_machine().config.fused_attention else []
     with (
         kv_ops.device_kernels(model),
         kv_shared.shared_indices(model),

@@ -266,6 +266,11 @@ def kernel_kind(function: onnx.FunctionProto) -> str | None:
     return None if build is None else ("scatter" if build is scatter_function else "gather")
 
 
+def kv_calls(model: onnx.ModelProto) -> dict[str, tuple[str | None, list[str]]]:
+    """The model's KV-op functions by name: their kind (``kernel_kind``) and formal inputs."""
+    return {f.name: (kernel_kind(f), list(f.input)) for f in model.functions if f.domain == KV_OPS_DOMAIN}
+
+
 def in_place_state(model: onnx.ModelProto, retained: dict[str, str]) -> frozenset[str]:
     """Retained-state inputs the device kernels may update in place.
 

@@ -22,82 +22,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from qaic_core.custom_ops import KV_OPS_DOMAIN
-from qaic_sim.kv_ops import kernel_kind
+from qaic_sim.graph_build import Names, arange, constants, declared_dims
+from qaic_sim.kv_ops import kv_calls
 
 log = logging.getLogger("qaic.sim.compiler")
 
 
-@dataclass
-class _Names:
-    """Value names under one prefix, so that every group and op writes unique SSA names."""
-
-    prefix: str
-    nodes: list[onnx.NodeProto] = field(default_factory=list)
-
-    def __call__(self, name: str) -> str:
-        return f"{self.prefix}{name}"
-
-    def ints(self, name: str, values: list[int]) -> str:
-        out = self(name)
-        self.nodes.append(
-            helper.make_node(
-                "Constant", [], [out], value=numpy_helper.from_array(np.array(values, np.int64), out)
-            )
-        )
-        return out
-
-    def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
-        out = self(output)
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
-
-
-def _declared_dims(value: onnx.ValueInfoProto) -> tuple[str, ...] | None:
-    """A graph input's dims as text (``dim_param`` or value); None when any dim is unnamed."""
-    if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
-        return None
-    dims = []
-    for d in value.type.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(str(d.dim_value))
-        elif d.dim_param:
-            dims.append(d.dim_param)
-        else:
-            return None
-    return tuple(dims)
-
-
-def _arange(n: _Names, length: str, out: str) -> str:
-    zero = n.add("Squeeze", [n("k0"), n("k0")], f"{out}_start")
-    one = n.add("Squeeze", [n("k1"), n("k0")], f"{out}_step")
-    end = n.add("Squeeze", [length, n("k0")], f"{out}_len")
-    return n.add("Range", [zero, end, one], out)
-
-
-def _constants(n: _Names, up_to: int) -> None:
-    for k in range(up_to + 1):
-        n.ints(f"k{k}", [k])
-    n.ints("kneg1", [-1])
-
-
-def _rows(n: _Names, batch_index: str | None) -> str | None:
+def _rows(n: Names, batch_index: str | None) -> str | None:
     if batch_index is None:
         return None
     bi = n.add("Cast", [batch_index], "bi64", to=TensorProto.INT64)
     return n.add("Reshape", [bi, n("kneg1")], "rows")
 
 
-def _scatter_shared(n: _Names, data: str, batch_index: str | None, position_ids: str, updates: str) -> None:
+def _scatter_shared(n: Names, data: str, batch_index: str | None, position_ids: str, updates: str) -> None:
     """Masks, redirected positions and the ScatterND index grid of a scatter group."""
-    _constants(n, 4)
+    constants(n, 4)
     data_shape = n.add("Shape", [data], "data_shape")
     ctx = n.add("Slice", [data_shape, n("k2"), n("k3")], "ctx")
     pos = n.add("Cast", [position_ids], "pos", to=TensorProto.INT64)  # [B, S]
@@ -123,7 +69,7 @@ def _scatter_shared(n: _Names, data: str, batch_index: str | None, position_ids:
     s = n.add("Slice", [n.add("Shape", [target], "target_shape"), n("k1"), n("k2")], "s")
     idx_shape = n.add("Concat", [bh, s, n("k1")], "idx_shape", axis=0)
     h = n.add("Slice", [upd_shape, n("k1"), n("k2")], "h")
-    heads = _arange(n, h, "heads")
+    heads = arange(n, h, "heads")
     idx_h = n.add(
         "Expand", [n.add("Unsqueeze", [heads, n.ints("ax023", [0, 2, 3])], "heads4"), idx_shape], "idx_h"
     )
@@ -131,14 +77,14 @@ def _scatter_shared(n: _Names, data: str, batch_index: str | None, position_ids:
     rows = _rows(n, batch_index)
     if rows is None:
         b = n.add("Slice", [upd_shape, n("k0"), n("k1")], "b")
-        rows4 = n.add("Unsqueeze", [_arange(n, b, "batch"), n.ints("ax123", [1, 2, 3])], "rows4")
+        rows4 = n.add("Unsqueeze", [arange(n, b, "batch"), n.ints("ax123", [1, 2, 3])], "rows4")
     else:
         rows4 = n.add("Reshape", [rows, n.ints("rows_shape4", [-1, 1, 1, 1])], "rows4")
     idx_b = n.add("Expand", [rows4, idx_shape], "idx_b")
     n.add("Concat", [idx_b, idx_h, idx_c], "indices", axis=3)
 
 
-def _scatter_op(g: _Names, n: _Names, data: str, cb: bool, updates: str, out: str) -> None:
+def _scatter_op(g: Names, n: Names, data: str, cb: bool, updates: str, out: str) -> None:
     """One op of a scatter group: its redirected values, then the write."""
     first_upd = n.add("GatherElements", [updates, g("first_idx")], "first_upd", axis=2)
     data0 = n.add("Slice", [data, g("k0"), g("k1"), g("k2")], "data0")  # position 0, before rows are picked
@@ -148,9 +94,9 @@ def _scatter_op(g: _Names, n: _Names, data: str, cb: bool, updates: str, out: st
     n.nodes.append(helper.make_node("ScatterND", [data, g("indices"), values], [out], name=n("scatter")))
 
 
-def _gather_shared(n: _Names, data: str, batch_index: str | None, ctx_indices: str) -> None:
+def _gather_shared(n: Names, data: str, batch_index: str | None, ctx_indices: str) -> None:
     """Masks, the "in order" flag and the GatherND indices of a gather group."""
-    _constants(n, 3)
+    constants(n, 3)
     data_shape = n.add("Shape", [data], "data_shape")
     ctx = n.add("Slice", [data_shape, n("k2"), n("k3")], "ctx")
     ci = n.add("Cast", [ctx_indices], "ci", to=TensorProto.INT64)
@@ -158,7 +104,7 @@ def _gather_shared(n: _Names, data: str, batch_index: str | None, ctx_indices: s
         "Or", [n.add("Less", [ci, n("k0")], "neg"), n.add("GreaterOrEqual", [ci, ctx], "over")], "bad"
     )
     nn = n.add("Slice", [n.add("Shape", [ci], "ci_shape"), n("k2"), n("k3")], "n")
-    at_place = n.add("Equal", [ci, _arange(n, nn, "positions")], "at_place")
+    at_place = n.add("Equal", [ci, arange(n, nn, "positions")], "at_place")
     fine_i = n.add("Cast", [n.add("Or", [at_place, bad], "fine")], "fine_i", to=TensorProto.INT64)
     in_place = n.add("ReduceMin", [fine_i], "in_place_i", keepdims=0)
     # A slice of the cache holds at most its context: more indices than that take the gather.
@@ -170,7 +116,7 @@ def _gather_shared(n: _Names, data: str, batch_index: str | None, ctx_indices: s
         b = n.add("Slice", [data_shape, n("k0"), n("k1")], "b")
     else:
         b = n.add("Shape", [rows], "b")
-        rows_i = n.add("Cast", [n.add("Equal", [rows, _arange(n, b, "first_rows")], "rows_at_place")], "rows_i",
+        rows_i = n.add("Cast", [n.add("Equal", [rows, arange(n, b, "first_rows")], "rows_at_place")], "rows_i",
                        to=TensorProto.INT64)  # fmt: skip
         rows_in_order = n.add("ReduceMin", [rows_i], "rows_in_order_i", keepdims=0)
         fast_i = n.add("Mul", [in_order, rows_in_order], "fast_i")
@@ -184,10 +130,10 @@ def _gather_shared(n: _Names, data: str, batch_index: str | None, ctx_indices: s
     n.add("Expand", [n.add("Unsqueeze", [safe, n("k3")], "safe4"), idx_shape], "idx")  # [B, H, N, 1]
 
 
-def _gather_op(g: _Names, n: _Names, data: str, cb: bool, out: str) -> None:
+def _gather_op(g: Names, n: Names, data: str, cb: bool, out: str) -> None:
     """One op of a gather group: a slice of the cache when rows and positions are in order."""
-    sliced = _Names(n.prefix)
-    general = _Names(n.prefix)
+    sliced = Names(n.prefix)
+    general = Names(n.prefix)
     if cb:
         sliced.add("Slice", [data, g("starts"), g("ends"), g("axes02")], "sliced")
         sel = general.add("Gather", [data, g("rows")], "sel", axis=0)
@@ -206,11 +152,11 @@ def _gather_op(g: _Names, n: _Names, data: str, cb: bool, out: str) -> None:
 
 def share_kv_indices(model: onnx.ModelProto) -> int:
     """Rewrite the graph's known KV ops so that each group computes its index work once; returns the ops rewritten."""
-    kinds = {f.name: (kernel_kind(f), list(f.input)) for f in model.functions if f.domain == KV_OPS_DOMAIN}
+    kinds = kv_calls(model)
     graph = model.graph
-    declared = {v.name: _declared_dims(v) for v in graph.input}
+    declared = {v.name: declared_dims(v) for v in graph.input}
     cache_of: dict[str, str] = {}  # a scatter's output -> the retained-state input it updates
-    groups: dict[tuple[Any, ...], _Names] = {}
+    groups: dict[tuple[Any, ...], Names] = {}
     nodes: list[onnx.NodeProto] = []
     rewritten = 0
     for node in graph.node:
@@ -231,13 +177,13 @@ def share_kv_indices(model: onnx.ModelProto) -> int:
         key = (node.op_type, batch_index, index, dims)
         group = groups.get(key)
         if group is None:
-            group = groups[key] = _Names(f"__qaic_kv{len(groups)}_")
+            group = groups[key] = Names(f"__qaic_kv{len(groups)}_")
             if kind == "scatter":
                 _scatter_shared(group, data, batch_index, index, actual["updates"])
             else:
                 _gather_shared(group, cache, batch_index, index)  # the cache input: same shape, read first
             nodes.extend(group.nodes)
-        op = _Names(f"{group.prefix}op{rewritten}_")
+        op = Names(f"{group.prefix}op{rewritten}_")
         if kind == "scatter":
             _scatter_op(group, op, data, cb, actual["updates"], node.output[0])
             cache_of[node.output[0]] = cache
