@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from qeff_models import QC, ctx_gather_cb, ctx_scatter_cb, save_model
+from qeff_models import QC, ctx_gather_cb, ctx_scatter_cb, gaussian, save_model
 
 VOCAB, KV_HEADS, GROUPS, HEAD_DIM = 40, 2, 2, 8
 HEADS = KV_HEADS * GROUPS
@@ -36,11 +36,7 @@ class GqaWeights:
 
     @classmethod
     def random(cls, seed: int = 0) -> GqaWeights:
-        rng = np.random.default_rng(seed)
-
-        def w(*shape: int) -> np.ndarray:
-            return (rng.standard_normal(shape) * 0.3).astype(np.float32)
-
+        w = gaussian(seed)
         kv = KV_HEADS * HEAD_DIM
         return cls(w(VOCAB, HIDDEN), w(HIDDEN, HIDDEN), w(HIDDEN, kv), w(HIDDEN, kv), w(HIDDEN, HIDDEN),
                    w(HIDDEN, VOCAB))  # fmt: skip

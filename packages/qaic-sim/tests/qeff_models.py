@@ -19,6 +19,7 @@ The numpy reference computes the same program with invalid indices skipped (scat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,6 +127,16 @@ def custom_rms_norm() -> onnx.FunctionProto:
     )  # fmt: skip
 
 
+def gaussian(seed: int) -> Callable[..., np.ndarray]:
+    """A maker of float32 weights of any shape, normal with std 0.3, from one seeded stream."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    return w
+
+
 @dataclass
 class QeffWeights:
     embed: np.ndarray
@@ -137,11 +148,7 @@ class QeffWeights:
 
     @classmethod
     def random(cls, seed: int = 0) -> QeffWeights:
-        rng = np.random.default_rng(seed)
-
-        def w(*shape: int) -> np.ndarray:
-            return (rng.standard_normal(shape) * 0.3).astype(np.float32)
-
+        w = gaussian(seed)
         return cls(w(VOCAB, HIDDEN), 1 + w(HIDDEN), w(HIDDEN, HIDDEN), w(HIDDEN, HIDDEN), w(HIDDEN, HIDDEN),
                    w(HIDDEN, VOCAB))  # fmt: skip
 
