@@ -127,3 +127,49 @@ def test_traced_rms_norms_export_as_custom_rms_norm(
     assert len(found) == norms
     assert ({f.name for f in model.functions if f.domain == CUSTOM_OPS_DOMAIN} == {RMS_NORM}) == bool(norms)
     onnx.checker.check_model(model, full_check=True)
+
+
+def test_only_modules_that_compute_rms_norm_are_replaced() -> None:
+    """The swap checks what a module computes, not only its class name: an ``RMSNorm`` that does
+    something else, or one without an epsilon, keeps its own code; Gemma's form gets ``1 + w``."""
+    import torch
+
+    from qaic_aot.export.traced.norm import CustomRMSNorm, replace_rms_norms
+
+    class PlainRMSNorm(torch.nn.Module):
+        def __init__(self, one_plus: bool) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(8))
+            self.eps, self.one_plus = 1e-6, one_plus
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            w = 1.0 + self.weight if self.one_plus else self.weight
+            return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    class ScaledRMSNorm(PlainRMSNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2.0 * super().forward(x)
+
+    class NoEpsRMSNorm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.weight * x
+
+    model = torch.nn.ModuleDict(
+        {
+            "plain": PlainRMSNorm(False),
+            "gemma": PlainRMSNorm(True),
+            "odd": ScaledRMSNorm(False),
+            "bare": NoEpsRMSNorm(),
+        }
+    )
+    x = torch.randn(2, 3, 8)
+    before = {name: module(x) for name, module in model.items()}
+    assert replace_rms_norms(model) == 2
+    assert isinstance(model["plain"], CustomRMSNorm) and isinstance(model["gemma"], CustomRMSNorm)
+    assert isinstance(model["odd"], ScaledRMSNorm) and isinstance(model["bare"], NoEpsRMSNorm)
+    for name, module in model.items():
+        torch.testing.assert_close(module(x), before[name], rtol=1e-5, atol=1e-5)
