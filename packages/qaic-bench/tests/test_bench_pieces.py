@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +19,7 @@ from qaic_bench.host import PHASES, DeviceClock, breakdown, observing
 from qaic_bench.machine import MATMUL_ISA, git_commit, machine_info, matmul_isa
 from qaic_bench.report import TIMING_ROW_KEYS
 from qaic_bench.run import bench_env
-from qaic_bench.server import ServeShape, free_port
+from qaic_bench.server import ServeShape, VllmServer, free_port
 from qaic_bench.settings import BenchSettings
 from qaic_bench.stack import compile_settings, qpc_dirs, random_prompts
 from qaic_bench.startup import qpc_ready_seconds
@@ -351,3 +354,28 @@ def test_the_on_path_method_names_each_batchs_p90_beside_part_2s_own_rows() -> N
     text = methods.describe(BenchSettings.full(), "float32", "m", results)
     assert "batch 8: p90 495.0 µs over 62 waits, batch 32: p90 743.0 µs" in text["host_on_device_path_us"]
     assert "batch 8: 60 steps" in text["host_overhead_us"]
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: [0] the state letter (``T`` stopped), [11] user ticks."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def test_a_paused_server_takes_no_processor_time_and_still_stops(tmp_path: Path) -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    server = VllmServer(Path("unused"), ServeShape(1, 64, 64), {}, tmp_path / "log", proc=busy)
+    try:
+        server.pause()
+        time.sleep(0.2)
+        assert _stat(busy.pid)[0] == "T"
+        before = _stat(busy.pid)[11]
+        time.sleep(0.5)
+        assert _stat(busy.pid)[11] == before, "a paused server was scheduled"
+        server.resume()
+        time.sleep(0.5)
+        assert _stat(busy.pid)[0] != "T"
+        assert int(_stat(busy.pid)[11]) > int(before), "a resumed server did not run"
+        server.pause()
+    finally:
+        server.stop()  # resumes the group first, so that its SIGINT is delivered
+    assert busy.poll() is not None

@@ -165,7 +165,7 @@ def describe(s: BenchSettings, dtype: str, model: str, results: Mapping[str, Any
             f"{_ccl_text(s)}: `comp_ctx_lengths_prefill` and `_decode`); `vllm bench serve` (random "
             f"{c.input_len}-token prompts, {c.output_len} output tokens, `--ignore-eos`, "
             f"{c.prompts_per_batch} x batch prompts per run) alternating between the two for {c.rounds} "
-            "rounds; medians and the ratios qaic / CPU backend, and each server's lowest and highest rate "
+            "rounds, the other server paused during each run; medians and the ratios qaic / CPU backend, and each server's lowest and highest rate "
             "and p99 TTFT over the rounds (a stalled round shows in its p99 TTFT)."
         ),
         "timing_model": (

