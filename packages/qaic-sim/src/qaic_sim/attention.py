@@ -36,7 +36,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from qaic_sim.attention_pattern import Block, find_blocks
-from qaic_sim.graph_build import Names, arange, constants, declared_dims
+from qaic_sim.graph_build import Names, arange, constants, declared_dims, restored
 
 log = logging.getLogger("qaic.sim.compiler")
 
@@ -292,16 +292,5 @@ def _in_order(nodes: list[onnx.NodeProto], model: onnx.ModelProto) -> bool:
 @contextmanager
 def fused_attention(model: onnx.ModelProto, blocks: list[Block], rounded: bool) -> Iterator[int]:
     """Within the block the graph's decode attention runs on the fused kernel; the nodes come back after."""
-    original = [onnx.NodeProto() for _ in model.graph.node]
-    for saved, node in zip(original, model.graph.node, strict=True):
-        saved.CopyFrom(node)
-    opsets = [onnx.OperatorSetIdProto() for _ in model.opset_import]
-    for saved_opset, opset in zip(opsets, model.opset_import, strict=True):
-        saved_opset.CopyFrom(opset)
-    try:
+    with restored(model):
         yield fuse(model, blocks, rounded)
-    finally:
-        del model.graph.node[:]
-        model.graph.node.extend(original)
-        del model.opset_import[:]
-        model.opset_import.extend(opsets)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,3 +68,24 @@ def arange(n: Names, length: str, out: str) -> str:
     one = n.add("Squeeze", [n("k1"), n("k0")], f"{out}_step")
     end = n.add("Squeeze", [length, n("k0")], f"{out}_len")
     return n.add("Range", [zero, end, one], out)
+
+
+@contextmanager
+def restored(model: onnx.ModelProto) -> Iterator[None]:
+    """Within the block the graph's nodes and opset imports may be rewritten; they come back after.
+
+    The compiler serializes the executable program inside the block; the timing model reads the
+    exported graph outside it."""
+    nodes = [onnx.NodeProto() for _ in model.graph.node]
+    for saved, node in zip(nodes, model.graph.node, strict=True):
+        saved.CopyFrom(node)
+    opsets = [onnx.OperatorSetIdProto() for _ in model.opset_import]
+    for saved_opset, opset in zip(opsets, model.opset_import, strict=True):
+        saved_opset.CopyFrom(opset)
+    try:
+        yield
+    finally:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        del model.opset_import[:]
+        model.opset_import.extend(opsets)

@@ -28,7 +28,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from qaic_core.custom_ops import KV_OPS_DOMAIN
-from qaic_sim.graph_build import Names, arange, constants, declared_dims
+from qaic_sim.graph_build import Names, arange, constants, declared_dims, restored
 from qaic_sim.kv_ops import kv_calls
 
 log = logging.getLogger("qaic.sim.compiler")
@@ -201,11 +201,5 @@ def share_kv_indices(model: onnx.ModelProto) -> int:
 @contextmanager
 def shared_indices(model: onnx.ModelProto) -> Iterator[int]:
     """Within the block the graph's KV ops share their index work; the exported nodes come back after."""
-    original = [onnx.NodeProto() for _ in model.graph.node]
-    for saved, node in zip(original, model.graph.node, strict=True):
-        saved.CopyFrom(node)
-    try:
+    with restored(model):
         yield share_kv_indices(model)
-    finally:
-        del model.graph.node[:]
-        model.graph.node.extend(original)
