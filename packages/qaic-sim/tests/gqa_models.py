@@ -15,13 +15,22 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-from qeff_models import QC, ctx_gather_cb, ctx_scatter_cb, gaussian, save_model
+from onnx import helper, numpy_helper
+from qeff_models import (
+    MASKED,
+    QC,
+    CacheReference,
+    attend,
+    ctx_gather_cb,
+    ctx_scatter_cb,
+    gaussian,
+    one_layer_io,
+    save_model,
+)
 
 VOCAB, KV_HEADS, GROUPS, HEAD_DIM = 40, 2, 2, 8
 HEADS = KV_HEADS * GROUPS
 HIDDEN = HEADS * HEAD_DIM
-MASKED = -10000.0
 SCALE = HEAD_DIM**-0.5
 
 
@@ -43,21 +52,7 @@ class GqaWeights:
 
 
 def write_gqa_model(path: Path, weights: GqaWeights) -> Path:
-    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
-    kv = ["full_batch_size", KV_HEADS, "ctx_len", HEAD_DIM]
-    inputs = [
-        helper.make_tensor_value_info("input_ids", i64, ["batch_size", "seq_len"]),
-        helper.make_tensor_value_info("position_ids", i64, ["batch_size", "seq_len"]),
-        helper.make_tensor_value_info("past_key.0", f32, kv),
-        helper.make_tensor_value_info("past_value.0", f32, kv),
-        helper.make_tensor_value_info("batch_index", i64, ["batch_size", 1]),
-        helper.make_tensor_value_info("comp_ctx_lengths", i64, ["comp_ctx_lengths"]),
-    ]
-    outputs = [
-        helper.make_tensor_value_info("logits", f32, ["batch_size", "seq_len", VOCAB]),
-        helper.make_tensor_value_info("past_key.0_RetainedState", f32, kv),
-        helper.make_tensor_value_info("past_value.0_RetainedState", f32, kv),
-    ]
+    inputs, outputs = one_layer_io(KV_HEADS, HEAD_DIM, ccl=True, logits_dims=["batch_size", "seq_len", VOCAB])
     n = helper.make_node
 
     def ints(name: str, values: list[int]) -> onnx.NodeProto:
@@ -126,13 +121,12 @@ def write_gqa_model(path: Path, weights: GqaWeights) -> Path:
     )
 
 
-class GqaReference:
+class GqaReference(CacheReference):
     """The program in numpy (float32), keeping the KV cache between runs as the device does."""
 
     def __init__(self, weights: GqaWeights, slots: int, ctx_len: int) -> None:
+        super().__init__(slots, KV_HEADS, ctx_len, HEAD_DIM)
         self.w = weights
-        self.k = np.zeros((slots, KV_HEADS, ctx_len, HEAD_DIM), np.float32)
-        self.v = np.zeros_like(self.k)
 
     def run(self, ids: np.ndarray, pos: np.ndarray, rows: np.ndarray, ccl: int) -> np.ndarray:
         w, (b, s) = self.w, ids.shape
@@ -140,17 +134,10 @@ class GqaReference:
         q = (h @ w.wq).reshape(b, s, HEADS, HEAD_DIM).transpose(0, 2, 1, 3)
         k = (h @ w.wk).reshape(b, s, KV_HEADS, HEAD_DIM).transpose(0, 2, 1, 3)
         v = (h @ w.wv).reshape(b, s, KV_HEADS, HEAD_DIM).transpose(0, 2, 1, 3)
-        ctx = self.k.shape[2]
-        for i, row in enumerate(rows):
-            for j, p in enumerate(pos[i]):
-                if 0 <= p < ctx:
-                    self.k[row, :, p], self.v[row, :, p] = k[i, :, j], v[i, :, j]
+        self.store(k, v, pos, rows)
         keys = np.repeat(self.k[rows][:, :, :ccl], GROUPS, axis=1)  # [B, N, C, D]
         values = np.repeat(self.v[rows][:, :, :ccl], GROUPS, axis=1)
-        scores = q @ keys.transpose(0, 1, 3, 2) * SCALE
-        scores = np.where(np.arange(ccl) > pos[:, None, :, None], MASKED, scores)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        attn = (probs @ values).transpose(0, 2, 1, 3).reshape(b, s, HIDDEN)
+        mask = np.arange(ccl) > pos[:, None, :, None]
+        attn = attend(q, keys, values, mask, SCALE).transpose(0, 2, 1, 3).reshape(b, s, HIDDEN)
         out: np.ndarray = (h + attn @ w.wo) @ w.lm_head
         return out

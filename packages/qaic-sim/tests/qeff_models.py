@@ -153,10 +153,13 @@ class QeffWeights:
                    w(HIDDEN, VOCAB))  # fmt: skip
 
 
-def write_qeff_model(path: Path, weights: QeffWeights, *, ccl: bool = True) -> Path:
-    """Write the model; with ``ccl`` the gather reads ``len(comp_ctx_lengths)`` positions, else ``ctx_len``."""
+def one_layer_io(
+    kv_heads: int, head_dim: int, *, ccl: bool, logits_dims: list[str | int]
+) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """A one-layer continuous-batching program's inputs and outputs under QEfficient's IO names;
+    with ``ccl`` the ``comp_ctx_lengths`` input too."""
     i64, f32 = TensorProto.INT64, TensorProto.FLOAT
-    kv = ["full_batch_size", HEADS, "ctx_len", HEAD_DIM]
+    kv: list[str | int] = ["full_batch_size", kv_heads, "ctx_len", head_dim]
     inputs = [
         helper.make_tensor_value_info("input_ids", i64, ["batch_size", "seq_len"]),
         helper.make_tensor_value_info("position_ids", i64, ["batch_size", "seq_len"]),
@@ -167,10 +170,18 @@ def write_qeff_model(path: Path, weights: QeffWeights, *, ccl: bool = True) -> P
     if ccl:
         inputs.append(helper.make_tensor_value_info("comp_ctx_lengths", i64, ["comp_ctx_lengths"]))
     outputs = [
-        helper.make_tensor_value_info("logits", f32, ["Castlogits_dim_0", "Castlogits_dim_1", VOCAB]),
+        helper.make_tensor_value_info("logits", f32, logits_dims),
         helper.make_tensor_value_info("past_key.0_RetainedState", f32, kv),
         helper.make_tensor_value_info("past_value.0_RetainedState", f32, kv),
     ]
+    return inputs, outputs
+
+
+def write_qeff_model(path: Path, weights: QeffWeights, *, ccl: bool = True) -> Path:
+    """Write the model; with ``ccl`` the gather reads ``len(comp_ctx_lengths)`` positions, else ``ctx_len``."""
+    inputs, outputs = one_layer_io(
+        HEADS, HEAD_DIM, ccl=ccl, logits_dims=["Castlogits_dim_0", "Castlogits_dim_1", VOCAB]
+    )
     n = helper.make_node
     nodes = [
         n("Gather", ["embed", "input_ids"], ["emb"], axis=0),
@@ -258,13 +269,39 @@ def save_model(path: Path, graph: onnx.GraphProto, functions: list[onnx.Function
     return path
 
 
-class QeffReference:
+class CacheReference:
+    """A numpy program's KV cache, ``[slots, kv_heads, ctx_len, head_dim]``, kept between runs as the
+    device keeps its retained state."""
+
+    def __init__(self, slots: int, kv_heads: int, ctx_len: int, head_dim: int) -> None:
+        self.k = np.zeros((slots, kv_heads, ctx_len, head_dim), np.float32)
+        self.v = np.zeros_like(self.k)
+
+    def store(self, k: np.ndarray, v: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> None:
+        """Write each token's key and value (``[B, kv_heads, S, D]``) at its row and position; a position
+        outside the cache (padding) writes nothing, as ``CtxScatter`` does on the device."""
+        for i, row in enumerate(rows):
+            for j, p in enumerate(pos[i]):
+                if 0 <= p < self.k.shape[2]:
+                    self.k[row, :, p], self.v[row, :, p] = k[i, :, j], v[i, :, j]
+
+
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
+    """``softmax(q keys^T * scale) values`` per head, the keys where ``mask`` is True scored ``MASKED``
+    (hidden): ``[B, N, S, D]``."""
+    scores = np.where(mask, MASKED, q @ keys.transpose(0, 1, 3, 2) * scale)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out: np.ndarray = probs @ values
+    return out
+
+
+class QeffReference(CacheReference):
     """The same program in numpy, keeping the KV cache between runs as the device does."""
 
     def __init__(self, weights: QeffWeights, slots: int, ctx_len: int) -> None:
+        super().__init__(slots, HEADS, ctx_len, HEAD_DIM)
         self.w = weights
-        self.k = np.zeros((slots, HEADS, ctx_len, HEAD_DIM), np.float32)
-        self.v = np.zeros_like(self.k)
 
     def run(self, ids: np.ndarray, pos: np.ndarray, rows: np.ndarray, ccl: int) -> np.ndarray:
         w = self.w
@@ -276,19 +313,14 @@ class QeffReference:
             return (h @ m).reshape(b, s, HEADS, HEAD_DIM).transpose(0, 2, 1, 3)
 
         q, k, v = heads(w.wq), heads(w.wk), heads(w.wv)
-        for b, row in enumerate(rows):
-            for s, p in enumerate(pos[b]):
-                if p >= 0:
-                    self.k[row, :, p], self.v[row, :, p] = k[b, :, s], v[b, :, s]
+        self.store(k, v, pos, rows)
         keys, values = self.k[rows][:, :, :ccl], self.v[rows][:, :, :ccl]
         limit = pos.max(axis=1)[:, None, None, None]
         kv_pos = np.arange(ccl)
-        scores = q @ keys.transpose(0, 1, 3, 2) * HEAD_DIM**-0.5
-        scores = np.where(kv_pos > pos[:, None, :, None], MASKED, scores)
-        scores = np.where(kv_pos > limit, MASKED, scores)  # beyond the row's last position: not read
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        attn = (probs @ values).transpose(0, 2, 1, 3).reshape(ids.shape[0], ids.shape[1], HIDDEN)
-        hidden = h + attn
+        # Keys after the query's position are hidden, and so is what lies beyond the row's last
+        # position (not read).
+        mask = (kv_pos > pos[:, None, :, None]) | (kv_pos > limit)
+        attn = attend(q, keys, values, mask, HEAD_DIM**-0.5)
+        hidden = h + attn.transpose(0, 2, 1, 3).reshape(ids.shape[0], ids.shape[1], HIDDEN)
         last = pos.argmax(axis=1)
         return (hidden[np.arange(len(last)), last] @ w.lm_head)[:, None, :]
