@@ -156,7 +156,7 @@ class VllmServer:
         (vLLM's CPU backend busy-polls part of a core) then takes no processor time from a
         benchmark of another server on the same machine. Connections stay open; :meth:`resume`."""
         if self._signal_group(signal.SIGSTOP):
-            log.info("paused vllm serve (pid %d)", self.proc.pid if self.proc else -1)
+            log.info("paused vllm serve on port %d", self.port)
 
     def resume(self) -> None:
         """Let a paused server run again (SIGCONT to its group); harmless on a running one."""
