@@ -6,7 +6,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -50,12 +50,17 @@ class ExecObj:
         self.lastSpecialization = ""
         self._ready_at = 0.0
         self._lock = threading.Lock()
+        self._held: tuple[int, Callable[[], None]] | None = None
+        self._held_lock = threading.Lock()
 
     # -- binding buffers -----------------------------------------------------------------
     def setData(
         self, buffers: Sequence[Any], dims: runtime.BufferDimensionsVecRef | Sequence[Any] | None = None
     ) -> QStatus:
-        """``setData(qbuffers, dims)`` or the zero-copy ``setData([(binding_index, ndarray), ...])``."""
+        """``setData(qbuffers, dims)`` or the zero-copy ``setData([(binding_index, ndarray), ...])``.
+
+        A held run of this exec object executes first, on the buffers it was enqueued with."""
+        self.run_held()
         try:
             if dims is None:
                 self._set_pairs(buffers)
@@ -148,8 +153,10 @@ class ExecObj:
         """Bind buffers; those matching the slicing spec are one slice of the retained state.
 
         An input slice is written into the device-held state at the spec's start offsets before
-        the run; an output slice receives that region of the new state after the run.
+        the run; an output slice receives that region of the new state after the run. A held run of
+        this exec object executes first, on the buffers it was enqueued with.
         """
+        self.run_held()
         plain: list[Any] = []
         slices: list[tuple[Direction, Binding, np.ndarray, tuple[int, ...]]] = []
         values = dict(params)
@@ -196,6 +203,7 @@ class ExecObj:
     # -- results -------------------------------------------------------------------------
     def getData(self) -> tuple[QStatus, list[QBuffer]]:
         """Output buffers of the last completed run (inputs as given); empty where not copied back."""
+        self.run_held()
         out: list[QBuffer] = []
         for b, res in zip(self.program.image.bindings, self._results, strict=True):
             if b.dir == Direction.IN and self._qbuffer_mode and self._inputs_qb:
@@ -214,6 +222,7 @@ class ExecObj:
         microseconds of the device's end, as a card's completion would, rather than after a wake-up
         from the queue thread (about 0.1 ms on a small virtual machine).
         """
+        self.run_held()
         future = self._future
         if future is not None:
             self._status = future.result()
@@ -223,10 +232,28 @@ class ExecObj:
     def submit(self, future: Future[QStatus]) -> None:
         self._future = future
 
-    def execute_inline(self, queue_id: int = 0) -> None:
-        """Run now in the caller's thread; ``waitForCompletion`` then returns the status at once."""
-        self._future = None
-        self.execute(queue_id)
+    def hold(self, queue_id: int, claim: Callable[[], bool], done: Callable[[], None]) -> bool:
+        """Keep an unpaced run to execute in the caller's thread when it is needed (``run_held``),
+        if ``claim()`` gives it the devices; ``done`` gives them back after the run. The claim is
+        made under this object's lock, so a thread that finds the run held waits until it is."""
+        with self._held_lock:
+            if not claim():
+                return False
+            self._future = None
+            self._held = (queue_id, done)
+            return True
+
+    def run_held(self) -> None:
+        """Execute the held run now, in this thread; nothing if there is none or it already ran."""
+        with self._held_lock:
+            held, self._held = self._held, None
+            if held is None:
+                return
+            queue_id, done = held
+            try:
+                self.execute(queue_id)
+            finally:
+                done()
 
     def _fail(self, exc: Failure) -> QStatus:
         self.lastError = exc.message

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from typing import Protocol
 
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_sim import timing
@@ -23,6 +24,13 @@ from qaic_sim.topology import SimDevice, Topology
 from qaic_sim.trace import Tracer
 
 log = logging.getLogger("qaic.sim.machine")
+
+
+class HeldRun(Protocol):
+    """An exec object whose unpaced run was enqueued and has not executed yet (``Queue.enqueue``)."""
+
+    def run_held(self) -> None:
+        """Execute the held run now, in the calling thread (nothing if it already ran)."""
 
 
 class SimMachine:
@@ -38,7 +46,9 @@ class SimMachine:
         self._timing_off_warned = threading.Event()
         self._busy_lock = threading.Lock()
         self._busy: dict[int, int] = {}
-        """Runs queued on worker threads or running inline, per QID (``Queue.enqueue`` reads it)."""
+        """Runs queued on worker threads, held or running inline, per QID (``Queue.enqueue`` reads it)."""
+        self._held: dict[int, HeldRun] = {}
+        """The held run of each QID that has one (at most one: the next enqueue runs it first)."""
 
     @classmethod
     def from_environment(cls) -> SimMachine:
@@ -78,17 +88,35 @@ class SimMachine:
             for dev in devices:
                 self._busy[dev.qid] = self._busy.get(dev.qid, 0) + delta
 
-    def run_inline(self, devices: Sequence[SimDevice]) -> bool:
-        """Claim the devices for a run in the caller's thread: True when none of them has a run queued."""
+    def run_inline(self, devices: Sequence[SimDevice], held: HeldRun) -> bool:
+        """Claim the devices for a run in the caller's thread: True when none of them has a run queued.
+
+        The claimed run is ``held``: it executes when it is first needed (:meth:`run_held`), and
+        :meth:`end_inline` gives the devices back once it has.
+        """
         with self._busy_lock:
             if any(self._busy.get(dev.qid, 0) for dev in devices):
                 return False
             for dev in devices:
                 self._busy[dev.qid] = 1
+                self._held[dev.qid] = held
             return True
 
-    def end_inline(self, devices: Sequence[SimDevice]) -> None:
-        self.queued(devices, -1)
+    def end_inline(self, devices: Sequence[SimDevice], held: HeldRun) -> None:
+        with self._busy_lock:
+            for dev in devices:
+                if self._held.get(dev.qid) is held:
+                    del self._held[dev.qid]
+                self._busy[dev.qid] = self._busy.get(dev.qid, 0) - 1
+
+    def run_held(self, devices: Sequence[SimDevice] | None = None) -> None:
+        """Execute, in this thread, the held runs of ``devices`` (of every device when None), so that
+        what comes next (another enqueue, a deactivation) finds them done, as on a card."""
+        with self._busy_lock:
+            qids = None if devices is None else {dev.qid for dev in devices}
+            pending = {id(h): h for q, h in self._held.items() if qids is None or q in qids}
+        for held in pending.values():
+            held.run_held()
 
     def slice_transfer_s(self, devices: Sequence[SimDevice], nbytes: int, positions: int) -> float:
         """Host-link time of a run's KV slices (``setDataWithSlices``): their bytes over the SoCs' PCIe.
@@ -107,7 +135,8 @@ class SimMachine:
         return nbytes / (hw.host_bytes_per_s * len(devices))
 
     def close(self) -> None:
-        """Write out any trace in progress."""
+        """Execute any held run, then write out any trace in progress."""
+        self.run_held()
         self.trace.stop()
 
 

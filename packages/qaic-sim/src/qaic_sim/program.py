@@ -242,7 +242,9 @@ class Program:
         return QStatus.SUCCESS
 
     def deactivate(self) -> QStatus:
-        """Give the NSP cores back; the program stays loaded with its retained state."""
+        """Give the NSP cores back; the program stays loaded with its retained state. Runs held on
+        its devices (``Queue.enqueue``) execute first."""
+        self.machine.run_held(self.devices)
         if self.active:
             _free(self.devices, self.generations, self._held["nsp"], 0)
             self._held["nsp"] = 0

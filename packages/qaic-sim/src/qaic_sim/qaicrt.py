@@ -86,12 +86,16 @@ class QAicQueueProperties:
 class Queue:
     """Runs enqueued exec objects on worker threads, in order per thread.
 
-    When pacing is off and nothing else is queued on the program's devices, an exec object runs in
-    the caller's thread inside ``enqueue`` (no hand-off to a worker and back): the run's result is
-    the same and ``waitForCompletion`` returns at once. Paced runs, and runs enqueued while another
-    is queued or running on a worker for the same devices, keep the worker threads, so exec objects
-    still overlap as on a card. A paced run's worker does not sleep out its modelled time: the run
-    ends, for its waiter and for the next run on its program or queue, at that modelled end.
+    When pacing is off and nothing else is queued on the program's devices, an exec object's run is
+    held and executes in the caller's thread when it is first needed: at ``waitForCompletion`` (or
+    ``getData`` or a new ``setData`` on it), at the next enqueue on the same devices, or when the
+    program is deactivated. ``enqueue`` returns at once, as a card's does, and the host work a
+    caller does between enqueue and wait comes before the run instead of after it (no hand-off to a
+    worker and back). As on a card, the bound host buffers are read by the run, so they must stay
+    unchanged until the wait. Paced runs, and runs enqueued while another is queued or running on a
+    worker for the same devices, keep the worker threads, so exec objects still overlap as on a
+    card. A paced run's worker does not sleep out its modelled time: the run ends, for its waiter
+    and for the next run on its program or queue, at that modelled end.
     """
 
     _ids = 0
@@ -126,11 +130,11 @@ class Queue:
 
     def enqueue(self, exe: ExecObj) -> QStatus:
         machine = exe.program.machine
-        if not (machine.config.pace or machine.config.pace_as) and machine.run_inline(exe.program.devices):
-            try:
-                exe.execute_inline(self.id)
-            finally:
-                machine.end_inline(exe.program.devices)
+        devices = exe.program.devices
+        machine.run_held(devices)  # a run enqueued before on these devices executes first
+        if not (machine.config.pace or machine.config.pace_as) and exe.hold(
+            self.id, lambda: machine.run_inline(devices, exe), lambda: machine.end_inline(devices, exe)
+        ):
             return QStatus.SUCCESS
         with self._lock:
             if self._pool is None:
