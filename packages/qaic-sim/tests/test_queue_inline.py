@@ -20,17 +20,22 @@ WIDTH = 8
 
 
 @pytest.fixture
-def threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of the thread each run executed on, in order."""
-    seen: list[str] = []
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """(exec object id, thread name) of each run, in the order the runs executed."""
+    seen: list[tuple[int, str]] = []
     execute = ExecObj.execute
 
     def recording(self: ExecObj, *args: Any, **kwargs: Any) -> Any:
-        seen.append(threading.current_thread().name)
+        seen.append((self.id, threading.current_thread().name))
         return execute(self, *args, **kwargs)
 
     monkeypatch.setattr(ExecObj, "execute", recording)
     return seen
+
+
+def _threads(runs: list[tuple[int, str]]) -> list[str]:
+    """The name of the thread each run executed on, in order."""
+    return [name for _, name in runs]
 
 
 def _program(tmp_path: Path) -> tuple[qaicrt.Context, qaicrt.Program, np.ndarray]:
@@ -58,25 +63,25 @@ def _run(ctx: qaicrt.Context, program: qaicrt.Program, queue: qaicrt.Queue, x: n
     return y
 
 
-def test_an_unpaced_run_executes_in_the_callers_thread(tmp_path: Path, threads: list[str]) -> None:
+def test_an_unpaced_run_executes_in_the_callers_thread(tmp_path: Path, runs: list[tuple[int, str]]) -> None:
     ctx, program, w = _program(tmp_path)
     x = np.ones((2, WIDTH), np.float32)
     y = _run(ctx, program, qaicrt.Queue(ctx, 0), x)
     np.testing.assert_allclose(y, np.tanh(x @ w), rtol=1e-5)
-    assert threads == [threading.current_thread().name]
+    assert _threads(runs) == [threading.current_thread().name]
 
 
 def test_a_paced_run_keeps_the_queue_thread(
-    tmp_path: Path, threads: list[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, runs: list[tuple[int, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("QAIC_SIM_PACE", "1")
     reset_machine()
     ctx, program, _ = _program(tmp_path)
     _run(ctx, program, qaicrt.Queue(ctx, 0), np.ones((2, WIDTH), np.float32))
-    assert threads[0].startswith("qaic-sim-q")
+    assert _threads(runs)[0].startswith("qaic-sim-q")
 
 
-def test_a_run_behind_a_queued_one_waits_in_the_queue(tmp_path: Path, threads: list[str]) -> None:
+def test_a_run_behind_a_queued_one_waits_in_the_queue(tmp_path: Path, runs: list[tuple[int, str]]) -> None:
     ctx, program, w = _program(tmp_path)
     queue = qaicrt.Queue(ctx, 0)
     machine = get_machine()
@@ -87,21 +92,8 @@ def test_a_run_behind_a_queued_one_waits_in_the_queue(tmp_path: Path, threads: l
     finally:
         machine.queued(program.devices, -1)
     _run(ctx, program, queue, x)
+    threads = _threads(runs)
     assert threads[0].startswith("qaic-sim-q") and threads[1] == threading.current_thread().name
-
-
-@pytest.fixture
-def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
-    """(exec object id, thread name) of each run, in the order the runs executed."""
-    seen: list[tuple[int, str]] = []
-    execute = ExecObj.execute
-
-    def recording(self: ExecObj, *args: Any, **kwargs: Any) -> Any:
-        seen.append((self.id, threading.current_thread().name))
-        return execute(self, *args, **kwargs)
-
-    monkeypatch.setattr(ExecObj, "execute", recording)
-    return seen
 
 
 def test_an_unpaced_run_executes_at_its_wait_not_at_enqueue(
@@ -177,3 +169,12 @@ def test_a_held_run_that_fails_reports_at_its_wait(tmp_path: Path, runs: list[tu
     # the failed run gave the device back: the next run is held again and executes in this thread
     assert np.isfinite(_run(ctx, program, qaicrt.Queue(ctx, 0), np.ones((2, WIDTH), np.float32))).all()
     assert runs[-1][1] == threading.current_thread().name
+
+
+def test_closing_the_machine_executes_a_held_run(tmp_path: Path, runs: list[tuple[int, str]]) -> None:
+    ctx, program, w = _program(tmp_path)
+    x = np.full((2, WIDTH), -0.5, np.float32)
+    exe, y = _enqueued(ctx, program, qaicrt.Queue(ctx, 0), x)
+    reset_machine()  # the machine the program was made on closes
+    assert [r[0] for r in runs] == [exe.id]
+    np.testing.assert_allclose(y, np.tanh(x @ w), rtol=1e-5)

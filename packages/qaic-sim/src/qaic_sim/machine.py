@@ -88,11 +88,11 @@ class SimMachine:
             for dev in devices:
                 self._busy[dev.qid] = self._busy.get(dev.qid, 0) + delta
 
-    def run_inline(self, devices: Sequence[SimDevice], held: HeldRun) -> bool:
+    def claim_held(self, devices: Sequence[SimDevice], held: HeldRun) -> bool:
         """Claim the devices for a run in the caller's thread: True when none of them has a run queued.
 
         The claimed run is ``held``: it executes when it is first needed (:meth:`run_held`), and
-        :meth:`end_inline` gives the devices back once it has.
+        :meth:`release_held` gives the devices back once it has.
         """
         with self._busy_lock:
             if any(self._busy.get(dev.qid, 0) for dev in devices):
@@ -102,7 +102,7 @@ class SimMachine:
                 self._held[dev.qid] = held
             return True
 
-    def end_inline(self, devices: Sequence[SimDevice], held: HeldRun) -> None:
+    def release_held(self, devices: Sequence[SimDevice], held: HeldRun) -> None:
         with self._busy_lock:
             for dev in devices:
                 if self._held.get(dev.qid) is held:

@@ -133,7 +133,7 @@ class Queue:
         devices = exe.program.devices
         machine.run_held(devices)  # a run enqueued before on these devices executes first
         if not (machine.config.pace or machine.config.pace_as) and exe.hold(
-            self.id, lambda: machine.run_inline(devices, exe), lambda: machine.end_inline(devices, exe)
+            self.id, lambda: machine.claim_held(devices, exe), lambda: machine.release_held(devices, exe)
         ):
             return QStatus.SUCCESS
         with self._lock:
