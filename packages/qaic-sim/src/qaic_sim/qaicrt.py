@@ -152,7 +152,7 @@ class Queue:
                     status = exe.execute(self.id, enqueued, self._free_at if serial else 0.0, wait=False)
                     self._free_at = max(self._free_at, exe.ready_at)
                     return status
-                finally:  # before the result is set, so a caller woken by it may run inline at once
+                finally:  # before the result is set, so a caller woken by it may hold its next run at once
                     machine.queued(devices, -1)
 
             try:
