@@ -329,7 +329,7 @@ def open_pooling_model(config: ExecutionConfig) -> AotPoolingModel:
         program,
         device_ids=list(settings.device_group) if settings.device_group else None,
         backend=config.device,
-        enable_debug_logs=bool(config.options.get("enable_debug_logs", False)),
+        enable_debug_logs=config.options.enable_debug_logs,
     )
     try:
         model = AotPoolingModel(session, config.pooling, qpc_dir)

@@ -232,7 +232,7 @@ def open_step_model(config: ExecutionConfig) -> AotStepModel:
         program,
         device_ids=list(settings.device_group) if settings.device_group else None,
         backend=config.device,
-        enable_debug_logs=bool(config.options.get("enable_debug_logs", False)),
+        enable_debug_logs=config.options.enable_debug_logs,
     )
     try:
         lm = CausalLM(session, settings)

@@ -129,6 +129,16 @@ class PoolingSettings:
 
 
 @dataclass(frozen=True)
+class OpenOptions:
+    """What a serving framework hands an execution path beyond the shapes: read by one path or another."""
+
+    vllm_config: Any = None
+    """vLLM's ``VllmConfig``: the eager (``pyt``) path builds vLLM's own model classes from it."""
+    enable_debug_logs: bool = False
+    """The runtime's debug logs on the program's sessions (``VLLM_QAIC_ENABLE_LRT_DEBUG``)."""
+
+
+@dataclass(frozen=True)
 class ExecutionConfig:
     """What an execution path needs to open a step model on a device group.
 
@@ -143,7 +153,7 @@ class ExecutionConfig:
     qpc_path: Path | None = None
     dtype: str = "float32"
     progress: bool = True
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: OpenOptions = field(default_factory=OpenOptions)
     task: str = GENERATE
     """``generate`` opens a step model; ``embed`` / ``classify`` a :class:`PoolingModel`."""
     pooling: PoolingSettings | None = None

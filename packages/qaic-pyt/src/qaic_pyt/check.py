@@ -58,9 +58,9 @@ def check(config: ExecutionConfig) -> None:
 def check_memory(config: ExecutionConfig) -> None:
     """The weights and one full-length sequence's KV cache must fit the free DDR of the device."""
     from qaic_pyt.device import open_device
-    from qaic_pyt.step_model import VLLM_CONFIG, device_request
+    from qaic_pyt.step_model import device_request
 
-    hf_config, dtype_name, block_size = _model_facts(config, config.options.get(VLLM_CONFIG))
+    hf_config, dtype_name, block_size = _model_facts(config, config.options.vllm_config)
     dtype = memory.torch_dtype(dtype_name)
     weights = memory.weight_bytes(hf_config, dtype)
     if weights is None:

@@ -33,8 +33,6 @@ from qaic_pyt.device import open_device
 
 log = logging.getLogger("qaic.pyt")
 
-VLLM_CONFIG = "vllm_config"
-"""The ``ExecutionConfig.options`` key carrying vLLM's ``VllmConfig`` (the eager path runs vLLM's classes)."""
 WEIGHTS = "weights"
 KV_CACHE = "kv cache"
 
@@ -50,10 +48,11 @@ class Done:
 
 
 def vllm_config_of(config: ExecutionConfig) -> Any:
-    vllm_config = config.options.get(VLLM_CONFIG)
+    vllm_config = config.options.vllm_config
     if vllm_config is None:
         raise QaicConfigError(
-            f"the pyt execution path runs vLLM's model classes: pass vLLM's config as options[{VLLM_CONFIG!r}]"
+            "the pyt execution path runs vLLM's model classes: pass vLLM's config as "
+            "ExecutionConfig(options=OpenOptions(vllm_config=...))"
         )
     return vllm_config
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import ExecutionConfig
+from qaic_core.execution import ExecutionConfig, OpenOptions
 from qaic_vllm import envs
 from qaic_vllm.config import EXECUTION_MODE_KEY, OVERRIDE_KEY, engine_settings
 from qaic_vllm.overrides import PARTIAL_PREFILLS
@@ -97,7 +97,7 @@ def configure_paged(vllm_config: VllmConfig, path: ExecutionPath) -> None:
                     device=pm.select_device_backend(),
                     qpc_path=settings.qpc_path,
                     dtype=settings.dtype,
-                    options={"vllm_config": vllm_config},
+                    options=OpenOptions(vllm_config=vllm_config),
                 )
             )
         except QaicConfigError as exc:

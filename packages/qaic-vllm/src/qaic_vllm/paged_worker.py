@@ -19,7 +19,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from qaic_core.eager import DeviceMemoryError
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import ExecutionConfig, PagedStepModel
+from qaic_core.execution import ExecutionConfig, OpenOptions, PagedStepModel
 from qaic_vllm.config import model_dir_of
 from qaic_vllm.faults import fatal_reported
 from qaic_vllm.paged_runner import PagedModelRunner
@@ -47,7 +47,7 @@ class QaicPagedWorker(QaicWorker):
             qpc_path=self.settings.qpc_path,
             dtype=self.settings.dtype,
             progress=True,
-            options={"vllm_config": self.vllm_config},
+            options=OpenOptions(vllm_config=self.vllm_config),
         )
         start = time.perf_counter()
         model = self.path.open(config)

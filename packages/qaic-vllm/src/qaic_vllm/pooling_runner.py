@@ -29,6 +29,7 @@ from qaic_core.execution import (
     CLASSIFY,
     HIDDEN_OUTPUT,
     ExecutionConfig,
+    OpenOptions,
     PoolingModel,
 )
 from qaic_core.observe import StepRecord
@@ -253,7 +254,7 @@ class QaicPoolingWorker(QaicWorker):
             qpc_path=self.settings.qpc_path,
             dtype=self.settings.dtype,
             progress=True,
-            options={"enable_debug_logs": lrt_debug()},
+            options=OpenOptions(enable_debug_logs=lrt_debug()),
             task=task,
             pooling=pooling_settings(self.vllm_config),
         )

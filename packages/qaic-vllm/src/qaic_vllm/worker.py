@@ -15,7 +15,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from qaic_core import get_plugin_manager
 from qaic_core.descriptors import DeviceBackend, ExecutionPath
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import ExecutionConfig, StepModel
+from qaic_core.execution import ExecutionConfig, OpenOptions, StepModel
 from qaic_vllm import kv_transfer
 from qaic_vllm.config import EngineSettings, engine_settings, model_dir_of
 from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, lrt_debug, max_cpu_threads
@@ -104,7 +104,7 @@ class QaicWorker(WorkerBase):
             qpc_path=self.settings.qpc_path,
             dtype=self.settings.dtype,
             progress=True,
-            options={"enable_debug_logs": lrt_debug()},  # VLLM_QAIC_ENABLE_LRT_DEBUG
+            options=OpenOptions(enable_debug_logs=lrt_debug()),  # VLLM_QAIC_ENABLE_LRT_DEBUG
         )
         start = time.perf_counter()
         model = self.path.open(config)
