@@ -5,7 +5,9 @@ The eager path keeps its tensors on the host. This layer reserves their bytes fr
 wraps each step: the step counts as a run of the QID (fault injection, ``getPerformanceInfo``),
 its device time comes from :func:`qaic_sim.timing_eager.eager_step_cost` on the machine's
 :class:`~qaic_sim.timing.HardwareModel`, it is traced like a program run and, with pacing on,
-lasts at least that long.
+lasts at least that long. A reset of the QID loses what the layer held there: its steps then fail
+with DEV_ERROR, as a reset program's runs do, until the layer reserves that memory again (the
+model placed its weights and KV cache again, as it must on a card).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from qaic_core.eager import DeviceMemoryError, EagerDeviceRequest, EagerStep
 from qaic_core.env import QAIC_VISIBLE_DEVICES
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
+from qaic_core.types import QStatus
 from qaic_sim import timing, trace
 from qaic_sim.clock import sleep_until
 from qaic_sim.config import QAIC_SIM_TIMING, pace_as_config, pace_as_for
@@ -64,6 +67,8 @@ class SimEagerDevice:
         self.timing_config: Mapping[str, Any] = pace_as_config(pace_as) if pace_as else request.model_config
         self.hardware = timing.HardwareModel.for_device_group(device.sku, 1, None)
         self._held: dict[str, int] = {}
+        self._lost: set[str] = set()
+        """What a reset of the QID took from this layer and was not reserved again yet."""
         self._generation = device.generation
         self._lock = threading.Lock()
         self._finalizers: dict[str, weakref.finalize] = {}
@@ -103,6 +108,7 @@ class SimEagerDevice:
                     )
                 dev.dram_used += nbytes
             self._held[what] = self._held.get(what, 0) + nbytes
+            self._lost.discard(what)
             self._rearm(what)
 
     def settle(self, what: str, nbytes: int) -> None:
@@ -117,11 +123,14 @@ class SimEagerDevice:
                     )
                 dev.dram_used += delta
             self._held[what] = nbytes
+            self._lost.discard(what)
             self._rearm(what)
 
     def release(self, what: str) -> None:
         with self._lock:
+            self._forget_if_reset()
             nbytes = self._held.pop(what, 0)
+            self._lost.discard(what)
             finalizer = self._finalizers.pop(what, None)
             if finalizer is not None:
                 finalizer.detach()
@@ -146,13 +155,26 @@ class SimEagerDevice:
         )
 
     def _forget_if_reset(self) -> None:
-        """A device reset dropped everything the QID held, ours included."""
+        """A device reset dropped everything the QID held, ours included: steps fail until it is placed again."""
         if self.device.generation != self._generation:
             for finalizer in self._finalizers.values():
                 finalizer.detach()
             self._finalizers.clear()
+            self._lost.update(what for what, nbytes in self._held.items() if nbytes)
             self._held.clear()
             self._generation = self.device.generation
+
+    def _check_not_reset(self) -> None:
+        """Raise DEV_ERROR while memory a reset took is not reserved again (a reset program fails likewise)."""
+        with self._lock:
+            self._forget_if_reset()
+            lost = sorted(self._lost)
+        if lost:
+            raise QaicRuntimeError(
+                f"QID {self.device.qid} was reset and the {' and '.join(lost)} held there are gone: place them "
+                "again (the step model's recover()) before the next step",
+                int(QStatus.DEV_ERROR),
+            )
 
     # -- steps -----------------------------------------------------------------------------
     def device_time_s(self, work: EagerStep) -> float:
@@ -181,6 +203,7 @@ class SimEagerDevice:
     @contextmanager
     def step(self, work: EagerStep) -> Iterator[None]:
         dev = self.device
+        self._check_not_reset()
         device_time = self.device_time_s(work)
         with dev.lock:
             dev.runs += 1
