@@ -422,6 +422,14 @@ class PagedStepModel(Protocol):
         """Run one step; logits ``[len(logits_indices), vocab]``."""
         ...
 
+    def recover(self) -> None:
+        """Bring the device back after a failed run; every block's KV is lost.
+
+        The runner fails or recomputes the requests that held blocks, and the scheduler forgets
+        its cached prefixes. Raises when the device cannot be brought back.
+        """
+        ...
+
     def close(self) -> None: ...
 
 

@@ -125,6 +125,11 @@ class QaicScheduler(AsyncScheduler):
             outputs = super().update_from_output(scheduler_output, model_runner_output)
         if failed and recompute:
             self._recompute(failed)
+        # The fault lost every block's KV: no later request may reuse a cached prefix. The requests that
+        # held blocks were failed or preempted above; any other still holding one lost its KV too and
+        # goes back to be computed again.
+        if failed and self.cache_config.enable_prefix_caching and not self.reset_prefix_cache():
+            self.reset_prefix_cache(reset_running_requests=True)
         return outputs
 
     def _recompute(self, failed: dict[str, str]) -> None:
