@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from qaic_aot.session import PreparedRun, QAICInferenceSession, RunHandle
 from qaic_core import ccl
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import LogitRows, fewest_rows
+from qaic_core.session import DeviceSession, PreparedProgramRun, RunInFlight
 from qaic_core.settings import CompileSettings
 
 log = logging.getLogger("qaic.aot.causal_lm")
@@ -30,28 +30,30 @@ COMP_CTX_LENGTHS = "comp_ctx_lengths"
 DECODE_EXEC = 0
 PREFILL_EXEC = 1
 
+T = TypeVar("T")
 
-class LogitsHandle:
-    """A prefill chunk or decode in flight; ``wait()`` returns its logits."""
 
-    def __init__(self, run: RunHandle | None, pick: Callable[[dict[str, np.ndarray]], Any]) -> None:
+class LogitsHandle(Generic[T]):
+    """A prefill chunk or decode in flight; ``wait()`` returns its logits as ``pick`` takes them."""
+
+    def __init__(self, run: RunInFlight | None, pick: Callable[[dict[str, np.ndarray]], T]) -> None:
         self._run = run
         self._pick = pick
 
-    def wait(self) -> Any:
+    def wait(self) -> T:
         return self._pick(self._run.wait() if self._run is not None else {})
 
 
 class PreparedDecodeRun:
     """A full-batch decode with its positions set; ``submit(token_ids)`` writes the tokens and starts it."""
 
-    def __init__(self, run: PreparedRun, index: np.ndarray | None, slots: list[int]) -> None:
+    def __init__(self, run: PreparedProgramRun, index: np.ndarray | None, slots: list[int]) -> None:
         self._run = run
         self._index = index
         self._ids = run.array("input_ids")
         self.slots = slots
 
-    def submit(self, token_ids: Sequence[int] | np.ndarray) -> LogitsHandle:
+    def submit(self, token_ids: Sequence[int] | np.ndarray) -> LogitsHandle[LogitRows]:
         """One token per slot, in the order the positions were given; wait() gives slot -> logits."""
         if len(token_ids) != len(self.slots):
             raise QaicConfigError(
@@ -65,7 +67,7 @@ class PreparedDecodeRun:
 class CausalLM:
     """Greedy generation and the per-step calls a serving runner needs, on one session."""
 
-    def __init__(self, session: QAICInferenceSession, settings: CompileSettings) -> None:
+    def __init__(self, session: DeviceSession, settings: CompileSettings) -> None:
         self.session = session
         self.settings = settings
         names = set(session.input_names)
@@ -138,7 +140,7 @@ class CausalLM:
                 f"--full-batch-size {slots} or recompile"
             )
 
-    def _check_prefill_shape(self, session: QAICInferenceSession) -> None:
+    def _check_prefill_shape(self, session: DeviceSession) -> None:
         index = session.binding_index_map["input_ids"]
         shapes = [list(shape[index][1]) for shape in session.allowed_shapes]
         if shapes and [1, self.prefill_seq_len] not in shapes:
@@ -161,7 +163,7 @@ class CausalLM:
                 "leave out --prefill-seq-lens or recompile"
             )
 
-    def _batched_rows(self, session: QAICInferenceSession) -> tuple[int, ...]:
+    def _batched_rows(self, session: DeviceSession) -> tuple[int, ...]:
         """The batched prefill's row counts, read off the program (a program compiled before fewer rows
         were added has only ``prefill_batch_size``)."""
         if not self.prefill_batch_seq_len:
@@ -217,7 +219,9 @@ class CausalLM:
                 "positions: shorten the prompt or generation, or compile with a larger --ctx-len"
             )
 
-    def submit_prefill_chunk(self, slot: int, token_ids: Sequence[int], start_pos: int) -> LogitsHandle:
+    def submit_prefill_chunk(
+        self, slot: int, token_ids: Sequence[int], start_pos: int
+    ) -> LogitsHandle[np.ndarray | None]:
         """Start one chunk of at most ``prefill_seq_len`` tokens for ``slot``; wait() gives logits [vocab]."""
         self.check_slot(slot)
         n = len(token_ids)
@@ -240,7 +244,9 @@ class CausalLM:
         run = self.session.submit(self._complete(inputs, decode=False), self.prefill_exec)
         return LogitsHandle(run, lambda out: out["logits"][0, -1])
 
-    def submit_prefill_chunks(self, chunks: Sequence[tuple[int, Sequence[int], int]]) -> LogitsHandle:
+    def submit_prefill_chunks(
+        self, chunks: Sequence[tuple[int, Sequence[int], int]]
+    ) -> LogitsHandle[list[np.ndarray | None]]:
         """Start up to ``prefill_batch_size`` chunks ``(slot, token_ids, start_pos)`` of different slots in
         one batched prefill run; wait() gives each chunk's last-token logits [vocab] (None if empty).
 
@@ -290,8 +296,7 @@ class CausalLM:
 
     def prefill_chunk(self, slot: int, token_ids: Sequence[int], start_pos: int) -> np.ndarray | None:
         """Run one chunk; the logits of its last real token (None for an empty chunk)."""
-        result: np.ndarray | None = self.submit_prefill_chunk(slot, token_ids, start_pos).wait()
-        return result
+        return self.submit_prefill_chunk(slot, token_ids, start_pos).wait()
 
     def prefill(self, slot: int, token_ids: Sequence[int], start_pos: int = 0) -> np.ndarray:
         """Prefill a whole prompt chunk by chunk; the logits [vocab] of its last token."""
@@ -308,7 +313,7 @@ class CausalLM:
         return logits
 
     # -- decode ---------------------------------------------------------------------------
-    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> LogitsHandle:
+    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> LogitsHandle[LogitRows]:
         """Start one full-batch decode; rows maps slot -> (token_id, position); wait() gives slot -> logits.
 
         A speculative target program has only the K+1-token decode: each token goes in its row's last
@@ -353,11 +358,12 @@ class CausalLM:
             inputs["batch_index"] = self._decode_batch_index
         return self._complete(inputs, decode=True), index, slots
 
-    def decode(self, rows: Mapping[int, tuple[int, int]]) -> dict[int, np.ndarray]:
-        result: dict[int, np.ndarray] = self.submit_decode(rows).wait()
-        return result
+    def decode(self, rows: Mapping[int, tuple[int, int]]) -> LogitRows:
+        return self.submit_decode(rows).wait()
 
-    def submit_decode_tokens(self, rows: Mapping[int, tuple[Sequence[int], int]]) -> LogitsHandle:
+    def submit_decode_tokens(
+        self, rows: Mapping[int, tuple[Sequence[int], int]]
+    ) -> LogitsHandle[dict[int, np.ndarray]]:
         """Start a full-batch run of up to K+1 tokens per row (speculative verification).
 
         rows maps slot -> (token_ids, position of the first); wait() gives slot -> logits
@@ -388,8 +394,7 @@ class CausalLM:
         return LogitsHandle(run, lambda out: {s: out["logits"][s, -n:] for s, n in counts.items()})
 
     def decode_tokens(self, rows: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, np.ndarray]:
-        result: dict[int, np.ndarray] = self.submit_decode_tokens(rows).wait()
-        return result
+        return self.submit_decode_tokens(rows).wait()
 
     # -- generation -----------------------------------------------------------------------
     def generate(
@@ -434,7 +439,7 @@ def _decode_pick(slots: list[int]) -> Callable[[dict[str, np.ndarray]], LogitRow
     return pick
 
 
-def _ccl_shapes(session: QAICInferenceSession) -> dict[tuple[int, int], tuple[int, ...]]:
+def _ccl_shapes(session: DeviceSession) -> dict[tuple[int, int], tuple[int, ...]]:
     """``input_ids`` shape -> the compute-context lengths its specializations take, ascending."""
     index = session.binding_index_map
     found: dict[tuple[int, int], set[int]] = {}
@@ -453,7 +458,7 @@ def _ccl_shapes(session: QAICInferenceSession) -> dict[tuple[int, int], tuple[in
     return {shape: tuple(sorted(lengths)) for shape, lengths in found.items()}
 
 
-def _keep_shapes(session: QAICInferenceSession) -> dict[tuple[int, int], np.ndarray]:
+def _keep_shapes(session: DeviceSession) -> dict[tuple[int, int], np.ndarray]:
     """``input_ids`` shape -> the ``num_logits_to_keep`` buffer its specialization takes."""
     index = session.binding_index_map
     keep: dict[tuple[int, int], np.ndarray] = {}

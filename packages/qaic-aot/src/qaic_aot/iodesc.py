@@ -71,9 +71,9 @@ def read_program_io(runtime: QaicrtModule, aicapi: AicApiModule, qpc: Qpc) -> Pr
             dir=Direction(int(b.dir)),
             dims=tuple(int(d) for d in b.dims),
             size=int(b.size),
-            quant_scale=float(getattr(b, "quant_scale", 0.0)),
-            quant_offset=int(getattr(b, "quant_offset", 0)),
-            is_partial_buf_allowed=bool(getattr(b, "is_partial_buf_allowed", False)),
+            quant_scale=float(b.quant_scale),
+            quant_offset=int(b.quant_offset),
+            is_partial_buf_allowed=bool(b.is_partial_buf_allowed),
         )
         for b in desc.selected_set.bindings
     ]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qaic_aot import cache, model_files, program_config
+from qaic_aot import cache, compose, model_files, program_config
 from qaic_aot.compile import (
     EXPORT_DTYPE,
     compile_params,
@@ -27,7 +27,6 @@ from qaic_aot.compile import (
 )
 from qaic_aot.export.pooling_archs import POOLING_ARCHITECTURES, pooling_architecture
 from qaic_aot.iodesc import program_dir
-from qaic_aot.session import QAICInferenceSession, RunHandle
 from qaic_core import env
 from qaic_core import qpc as layout
 from qaic_core.descriptors import DeviceBackend
@@ -40,6 +39,7 @@ from qaic_core.execution import (
     PoolingSettings,
     PoolingShape,
 )
+from qaic_core.session import DeviceSession, RunInFlight
 from qaic_core.settings import CompileSettings
 from qaic_core.types import Specialization
 
@@ -173,21 +173,20 @@ class _Archs:
 class PoolingRun:
     """A run in flight; ``wait()`` gives one float32 array per submitted sequence."""
 
-    def __init__(self, run: RunHandle | None, pick: Any) -> None:
+    def __init__(
+        self, run: RunInFlight | None, pick: Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+    ) -> None:
         self._run = run
         self._pick = pick
 
     def wait(self) -> list[np.ndarray]:
-        result: list[np.ndarray] = self._pick(self._run.wait() if self._run is not None else {})
-        return result
+        return self._pick(self._run.wait() if self._run is not None else {})
 
 
 class AotPoolingModel:
     """A compiled pooling program on its device group, run batch by batch (a :class:`PoolingModel`)."""
 
-    def __init__(
-        self, session: QAICInferenceSession, pooling: PoolingSettings, qpc_dir: Path | None = None
-    ) -> None:
+    def __init__(self, session: DeviceSession, pooling: PoolingSettings, qpc_dir: Path | None = None) -> None:
         self.session = session
         self.qpc_dir = qpc_dir
         names = set(session.input_names)
@@ -299,40 +298,45 @@ def check(config: ExecutionConfig) -> None:
         )
 
 
-def open_pooling_model(config: ExecutionConfig) -> AotPoolingModel:
-    """Compile the pooling model for the configured batch and lengths (cached), or load a prebuilt QPC."""
+def compile_program(config: ExecutionConfig) -> Path:
+    """Compile the pooling model for the configured batch and lengths (cached); the QPC directory."""
+    pooling = _pooling_of(config)
+    settings = config.settings
+    log.info(
+        "qaic: compiling %s for %s with %d sequences per run, embed_seq_len %s, pooling on %s "
+        "(cached after the first time)",
+        config.model_dir,
+        config.task,
+        settings.decode_batch_size,
+        list(pooling.seq_lens),
+        pooling.device,
+    )
+    return compile_pooling_model(
+        config.model_dir,
+        settings,
+        pooling,
+        task=config.task,
+        backend=config.device,
+        progress=config.progress,
+    )
+
+
+def _pooling_of(config: ExecutionConfig) -> PoolingSettings:
     if config.pooling is None:
         raise QaicConfigError(f"task {config.task!r} needs pooling settings (embed_seq_len, pooling_device)")
+    return config.pooling
+
+
+def open_pooling_model(config: ExecutionConfig) -> AotPoolingModel:
+    """Load the pooling program with the selected model loader (compiled and cached, or prebuilt) and
+    open it with the selected session factory (:mod:`qaic_aot.compose`)."""
+    pooling = _pooling_of(config)
     settings = config.settings
-    if config.qpc_path is not None:
-        qpc_dir = Path(config.qpc_path)
-    else:
-        log.info(
-            "qaic: compiling %s for %s with %d sequences per run, embed_seq_len %s, pooling on %s "
-            "(cached after the first time)",
-            config.model_dir,
-            config.task,
-            settings.decode_batch_size,
-            list(config.pooling.seq_lens),
-            config.pooling.device,
-        )
-        qpc_dir = compile_pooling_model(
-            config.model_dir,
-            settings,
-            config.pooling,
-            task=config.task,
-            backend=config.device,
-            progress=config.progress,
-        )
+    qpc_dir = compose.load_program(config)
     program = program_dir(qpc_dir)
-    session = QAICInferenceSession(
-        program,
-        device_ids=list(settings.device_group) if settings.device_group else None,
-        backend=config.device,
-        enable_debug_logs=config.options.enable_debug_logs,
-    )
+    session = compose.open_session(config, qpc_dir)
     try:
-        model = AotPoolingModel(session, config.pooling, qpc_dir)
+        model = AotPoolingModel(session, pooling, qpc_dir)
     except Exception:
         session.deactivate()
         raise

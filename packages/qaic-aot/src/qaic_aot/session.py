@@ -119,7 +119,7 @@ class QAICInferenceSession:
         else:
             self.context = rt.Context()
             queue_device = 0
-        if enable_debug_logs and hasattr(rt, "QLogLevel") and hasattr(self.context, "setLogLevel"):
+        if enable_debug_logs:
             check(self.context.setLogLevel(rt.QLogLevel.QL_DEBUG), "Context.setLogLevel")
         self._queues = [rt.Queue(self.context, queue_device) for _ in range(num_exec_objects)]
         self.qpc = rt.Qpc(str(self.qpc_path))

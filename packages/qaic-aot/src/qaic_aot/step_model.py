@@ -10,12 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from qaic_aot import integrity
-from qaic_aot.causal_lm import CausalLM, LogitsHandle, PreparedDecodeRun
-from qaic_aot.compile import compile_model
+from qaic_aot import compose, integrity
+from qaic_aot.causal_lm import CausalLM
 from qaic_aot.iodesc import program_dir
-from qaic_aot.session import QAICInferenceSession
-from qaic_aot.validate import validate_qpc
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import (
     BATCHED_PREFILL,
@@ -84,33 +81,28 @@ class AotStepModel:
     def submit_prefill_chunk(
         self, slot: int, token_ids: Sequence[int], start_pos: int
     ) -> Pending[np.ndarray | None]:
-        handle: LogitsHandle = self.lm.submit_prefill_chunk(slot, token_ids, start_pos)
-        return handle
+        return self.lm.submit_prefill_chunk(slot, token_ids, start_pos)
 
     def submit_prefill_chunks(
         self, chunks: Sequence[tuple[int, Sequence[int], int]]
     ) -> Pending[list[np.ndarray | None]]:
-        handle: LogitsHandle = self.lm.submit_prefill_chunks(chunks)
-        return handle
+        return self.lm.submit_prefill_chunks(chunks)
 
-    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[dict[int, np.ndarray]]:
-        handle: LogitsHandle = self.lm.submit_decode(rows)
-        return handle
+    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[Mapping[int, np.ndarray]]:
+        return self.lm.submit_decode(rows)
 
     def prepare_decode(self, positions: Mapping[int, int]) -> PreparedDecode:
-        prepared: PreparedDecodeRun = self.lm.prepare_decode(positions)
-        return prepared
+        return self.lm.prepare_decode(positions)
 
     def submit_decode_tokens(
         self, rows: Mapping[int, tuple[Sequence[int], int]]
-    ) -> Pending[dict[int, np.ndarray]]:
+    ) -> Pending[Mapping[int, np.ndarray]]:
         if SPECULATIVE_VERIFY not in self._capabilities:
             raise QaicConfigError(
                 "this program decodes one token per sequence: compile it with --num-speculative-tokens K "
                 "(override_qaic_config num_speculative_tokens) to verify K proposed tokens per step"
             )
-        handle: LogitsHandle = self.lm.submit_decode_tokens(rows)
-        return handle
+        return self.lm.submit_decode_tokens(rows)
 
     def release_slot(self, slot: int) -> None:
         """Nothing to free: the next sequence's prefill overwrites the slot's positions in order."""
@@ -209,33 +201,13 @@ def check(config: ExecutionConfig) -> None:
 
 
 def open_step_model(config: ExecutionConfig) -> AotStepModel:
-    """Compile the model for the configured shapes (cached), or check a prebuilt QPC, and load it."""
-    settings = config.settings
-    if config.qpc_path is not None:
-        qpc_dir = Path(config.qpc_path)
-        log.info("qaic: checking the prebuilt QPC %s against %s", qpc_dir, config.model_dir)
-        validate_qpc(qpc_dir, config.model_dir, settings, backend=config.device)
-    else:
-        log.info(
-            "qaic: compiling %s for full_batch_size=%d ctx_len=%d prefill_seq_len=%d (cached after the first time)",
-            config.model_dir,
-            settings.decode_batch_size,
-            settings.ctx_len,
-            settings.prefill_seq_len,
-        )
-        qpc_dir = Path(
-            compile_model(config.model_dir, settings, backend=config.device, progress=config.progress)
-        )
-    program = program_dir(qpc_dir)
-    log.info("qaic: program ready: %s", program)
-    session = QAICInferenceSession(
-        program,
-        device_ids=list(settings.device_group) if settings.device_group else None,
-        backend=config.device,
-        enable_debug_logs=config.options.enable_debug_logs,
-    )
+    """Load the program with the selected model loader (compiled and cached, or prebuilt and checked)
+    and open it with the selected session factory (:mod:`qaic_aot.compose`)."""
+    qpc_dir = compose.load_program(config)
+    log.info("qaic: program ready: %s", program_dir(qpc_dir))
+    session = compose.open_session(config, qpc_dir)
     try:
-        lm = CausalLM(session, settings)
+        lm = CausalLM(session, config.settings)
     except Exception:
         session.deactivate()
         raise

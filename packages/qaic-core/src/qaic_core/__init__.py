@@ -15,6 +15,8 @@ from qaic_core.descriptors import (  # noqa: E402
     AttentionBackend,
     DeviceBackend,
     ExecutionPath,
+    ModelLoader,
+    SessionFactory,
 )
 from qaic_core.errors import (  # noqa: E402
     QaicBackendNotFoundError,
@@ -34,11 +36,13 @@ __all__ = [
     "AttentionBackend",
     "DeviceBackend",
     "ExecutionPath",
+    "ModelLoader",
     "QaicBackendNotFoundError",
     "QaicConfigError",
     "QaicError",
     "QaicPluginError",
     "QaicPluginManager",
+    "SessionFactory",
     "__version__",
     "env",
     "execution",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         ShapeRequest,
         StepModel,
     )
+    from qaic_core.session import DeviceSession, SessionRequest
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,61 @@ class ExecutionPath:
     pooling_architectures: frozenset[str] = field(default_factory=frozenset)
     size: Callable[[ShapeRequest], ShapeChoice] | None = None
     """Chooses a batch and context that fit the device group (raises when a given shape cannot fit)."""
+    loader_kinds: frozenset[str] = field(default_factory=frozenset)
+    """What the path opens a model from: the :data:`LOADER_KINDS` of the model loaders it composes."""
+
+
+HF_CHECKPOINT = "hf_checkpoint"
+"""A Hugging Face checkpoint exported and compiled to a program; ``load`` returns the program's directory."""
+QPC = "qpc"
+"""A prebuilt program directory; ``load`` returns it (checked against the model)."""
+VLLM_CLASSES = "vllm_classes"
+"""vLLM's own model classes run eagerly; ``load`` returns the loaded ``torch.nn.Module``."""
+LOADER_KINDS: dict[str, str] = {
+    HF_CHECKPOINT: "a Hugging Face checkpoint, exported and compiled to a program (aot)",
+    QPC: "a prebuilt program directory (aot)",
+    VLLM_CLASSES: "vLLM's model classes, loaded eagerly onto the device (pyt)",
+}
+"""What a model loader may declare it loads, and in words what that is."""
+PROGRAM_KINDS = frozenset({HF_CHECKPOINT, QPC})
+"""Loader kinds whose ``load`` returns a program directory (what the ``aot`` path runs)."""
+
+
+@dataclass(frozen=True)
+class ModelLoader:
+    """A named way to turn a model (``ExecutionConfig.model_dir`` and friends) into what a path runs.
+
+    ``kind`` (one of :data:`LOADER_KINDS`) says what ``load(config)`` returns: a program directory
+    for :data:`PROGRAM_KINDS` (the ``aot`` path opens a session on it), a ``torch.nn.Module`` for
+    ``vllm_classes`` (the ``pyt`` path steps it). ``applies(config)`` says whether the loader can
+    load for this configuration (the ``qpc`` loader needs ``qpc_path``); when no loader is named,
+    the path takes the applicable loader of its kinds with the highest ``priority`` (then by name).
+    """
+
+    name: str
+    package: str
+    kind: str
+    load: Callable[[ExecutionConfig], object]
+    applies: Callable[[ExecutionConfig], bool] = lambda config: True
+    description: str = ""
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class SessionFactory:
+    """A named device-session implementation over a backend's runtime.
+
+    ``open(request)`` loads and activates the program of ``request`` and returns a
+    :class:`qaic_core.session.DeviceSession` (``qaic-aot``'s ``QAICInferenceSession`` is ``qaicrt``,
+    the default). When no factory is named, the available one with the highest ``priority`` is used.
+    """
+
+    name: str
+    package: str
+    open: Callable[[SessionRequest], DeviceSession]
+    is_available: Callable[[], bool] = lambda: True
+    description: str = ""
+    priority: int = 0
 
 
 CAPABILITIES = frozenset(

@@ -12,6 +12,8 @@ QAIC_BACKEND = "QAIC_BACKEND"
 QAIC_STRICT_PLUGINS = "QAIC_STRICT_PLUGINS"
 QAIC_TRACE_PLUGINS = "QAIC_TRACE_PLUGINS"
 QAIC_VISIBLE_DEVICES = "QAIC_VISIBLE_DEVICES"
+QAIC_MODEL_LOADER = "QAIC_MODEL_LOADER"
+QAIC_SESSION_FACTORY = "QAIC_SESSION_FACTORY"
 QEFF_HOME = "QEFF_HOME"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -55,6 +57,18 @@ def requested_backend(environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     value = env.get(QAIC_BACKEND, "").strip()
     return value or None
+
+
+def requested_model_loader(environ: Mapping[str, str] | None = None) -> str | None:
+    """The model loader named by ``QAIC_MODEL_LOADER``, or None for the execution path's default."""
+    env = os.environ if environ is None else environ
+    return env.get(QAIC_MODEL_LOADER, "").strip() or None
+
+
+def requested_session_factory(environ: Mapping[str, str] | None = None) -> str | None:
+    """The session factory named by ``QAIC_SESSION_FACTORY``, or None for the best available."""
+    env = os.environ if environ is None else environ
+    return env.get(QAIC_SESSION_FACTORY, "").strip() or None
 
 
 def parse_visible_devices(value: str | None, available: list[int]) -> list[int]:

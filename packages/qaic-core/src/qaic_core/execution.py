@@ -29,6 +29,7 @@ from qaic_core.settings import CompileSettings
 
 if TYPE_CHECKING:
     from qaic_core.descriptors import DeviceBackend
+    from qaic_core.resources import DeviceResources
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -158,6 +159,11 @@ class ExecutionConfig:
     """``generate`` opens a step model; ``embed`` / ``classify`` a :class:`PoolingModel`."""
     pooling: PoolingSettings | None = None
     """Sequence lengths and pooling of a pooling task (``settings.decode_batch_size`` rows per run)."""
+    loader: str | None = None
+    """The model loader by name (hook ``qaic_model_loaders``); None: ``QAIC_MODEL_LOADER``, else the path's default."""
+    session: str | None = None
+    """The session factory by name (hook ``qaic_session_factories``); None: ``QAIC_SESSION_FACTORY``, else the
+    best available (``qaicrt``). Read by paths that run programs (``aot``)."""
 
 
 def fewest_rows(row_counts: Sequence[int], num_chunks: int, largest: int) -> int:
@@ -269,7 +275,7 @@ class LogitRows(Mapping[int, np.ndarray]):
 class PreparedDecode(Protocol):
     """A full-batch decode made ready before its tokens are known (``StepModel.prepare_decode``)."""
 
-    def submit(self, token_ids: Sequence[int] | np.ndarray) -> Pending[dict[int, np.ndarray]]:
+    def submit(self, token_ids: Sequence[int] | np.ndarray) -> Pending[Mapping[int, np.ndarray]]:
         """Write one token per prepared slot (in the order the positions were given) and start the run."""
         ...
 
@@ -304,7 +310,7 @@ class StepModel(Protocol):
         """
         ...
 
-    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[dict[int, np.ndarray]]:
+    def submit_decode(self, rows: Mapping[int, tuple[int, int]]) -> Pending[Mapping[int, np.ndarray]]:
         """Start one full-batch decode of one token per listed slot; slot -> logits row."""
         ...
 
@@ -320,7 +326,7 @@ class StepModel(Protocol):
 
     def submit_decode_tokens(
         self, rows: Mapping[int, tuple[Sequence[int], int]]
-    ) -> Pending[dict[int, np.ndarray]]:
+    ) -> Pending[Mapping[int, np.ndarray]]:
         """Start a decode of up to ``decode_seq_len`` tokens per slot (``SPECULATIVE_VERIFY``).
 
         ``rows`` maps slot -> (token ids, position of the first); the result maps slot -> logits
@@ -500,8 +506,8 @@ class ShapeRequest:
 
     model_dir: Path
     settings: CompileSettings
-    devices: Sequence[Any]
-    """``qaic_core.resources.DeviceResources`` of the device group."""
+    devices: Sequence[DeviceResources]
+    """The device group's free and total resources."""
     batch: int | None
     ctx: int | None
     max_positions: int

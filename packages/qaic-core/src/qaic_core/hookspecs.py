@@ -11,7 +11,13 @@ from collections.abc import Sequence
 
 import pluggy
 
-from qaic_core.descriptors import AttentionBackend, DeviceBackend, ExecutionPath
+from qaic_core.descriptors import (
+    AttentionBackend,
+    DeviceBackend,
+    ExecutionPath,
+    ModelLoader,
+    SessionFactory,
+)
 from qaic_core.observe import Observer
 
 hookspec = pluggy.HookspecMarker("qaic")
@@ -33,6 +39,25 @@ def qaic_execution_paths() -> Sequence[ExecutionPath]:
 
     A serving runner selects a path by name and drives the step model it opens through the
     Protocols in :mod:`qaic_core.execution`; it never imports the package behind the path.
+    """
+
+
+@hookspec
+def qaic_model_loaders() -> Sequence[ModelLoader]:
+    """Return model loaders: named ways to load a model for an execution path.
+
+    Each declares the kind it loads (``hf_checkpoint``, ``qpc``, ``vllm_classes``; see
+    :data:`qaic_core.descriptors.LOADER_KINDS`). A path takes the loader named by
+    ``ExecutionConfig.loader`` or ``QAIC_MODEL_LOADER``, else its best applicable one.
+    """
+
+
+@hookspec
+def qaic_session_factories() -> Sequence[SessionFactory]:
+    """Return session factories: named device-session implementations over a backend's runtime.
+
+    The ``aot`` path opens its program through the factory named by ``ExecutionConfig.session``
+    or ``QAIC_SESSION_FACTORY``, else the best available one (``qaicrt``).
     """
 
 

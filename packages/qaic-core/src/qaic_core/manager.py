@@ -5,16 +5,25 @@ from __future__ import annotations
 import importlib.metadata as md
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from qaic_core import env, hookspecs
-from qaic_core.descriptors import AttentionBackend, DeviceBackend, ExecutionPath
-from qaic_core.errors import QaicBackendNotFoundError, QaicPluginError
+from qaic_core.descriptors import (
+    AttentionBackend,
+    DeviceBackend,
+    ExecutionPath,
+    ModelLoader,
+    SessionFactory,
+)
+from qaic_core.errors import QaicBackendNotFoundError, QaicConfigError, QaicPluginError
 from qaic_core.observe import Observer, Observers
+
+if TYPE_CHECKING:
+    from qaic_core.execution import ExecutionConfig
 
 log = logging.getLogger("qaic.plugins")
 
@@ -29,7 +38,7 @@ KNOWN_BACKENDS: dict[str, str] = {
 EXECUTION_PATH_PACKAGES: dict[str, str] = {"aot": "qaic-aot", "pyt": "qaic-pyt"}
 """Which distribution provides each execution path this project knows of."""
 
-D = TypeVar("D", DeviceBackend, ExecutionPath, AttentionBackend)
+D = TypeVar("D", DeviceBackend, ExecutionPath, AttentionBackend, ModelLoader, SessionFactory)
 T = TypeVar("T")
 
 _SKIPPED = "skipped; the other plugins keep working"
@@ -226,6 +235,74 @@ class QaicPluginManager(pluggy.PluginManager):
         """Every registered attention backend of the eager path by name."""
         return self._collect("qaic_attention_backends", AttentionBackend)
 
+    def model_loaders(self) -> dict[str, ModelLoader]:
+        """Every registered model loader by name."""
+        return self._collect("qaic_model_loaders", ModelLoader)
+
+    def session_factories(self) -> dict[str, SessionFactory]:
+        """Every registered session factory by name, available or not."""
+        return self._collect("qaic_session_factories", SessionFactory)
+
+    def select_model_loader(self, config: ExecutionConfig, kinds: Collection[str], path: str) -> ModelLoader:
+        """The loader ``path`` opens ``config`` with: named by ``config.loader``, else ``QAIC_MODEL_LOADER``,
+        else the applicable loader of ``kinds`` with the highest priority (then the first name)."""
+        loaders = self.model_loaders()
+        fitting = {name: loader for name, loader in loaders.items() if loader.kind in kinds}
+        listed = ", ".join(f"{name} ({loader.kind})" for name, loader in sorted(fitting.items())) or "none"
+        wanted = config.loader or env.requested_model_loader()
+        if wanted is None:
+            applicable = [loader for loader in fitting.values() if _safe_applies(loader, config)]
+            if not applicable:
+                raise QaicBackendNotFoundError(
+                    f"no model loader of the {path} execution path applies to {config.model_dir}; its "
+                    f"loaders: {listed}; name one with {env.QAIC_MODEL_LOADER}"
+                )
+            return min(applicable, key=lambda loader: (-loader.priority, loader.name))
+        source = "ExecutionConfig.loader" if config.loader else env.QAIC_MODEL_LOADER
+        if wanted not in loaders:
+            raise QaicBackendNotFoundError(
+                f"unknown qaic model loader {wanted!r} (from {source}); the {path} execution path's "
+                f"loaders: {listed}"
+            )
+        loader = loaders[wanted]
+        if loader.kind not in kinds:
+            raise QaicConfigError(
+                f"model loader {wanted!r} (from {source}, {loader.package}) loads {loader.kind}, which the "
+                f"{path} execution path does not run ({', '.join(sorted(kinds))}): name one of {listed}"
+            )
+        if not loader.applies(config):
+            raise QaicConfigError(
+                f"model loader {wanted!r} (from {source}, {loader.package}) cannot load {config.model_dir} "
+                f"as configured ({loader.description or loader.kind}); name another of {listed}"
+            )
+        return loader
+
+    def select_session_factory(self, name: str | None = None) -> SessionFactory:
+        """The factory named by ``name`` (``ExecutionConfig.session``), else ``QAIC_SESSION_FACTORY``,
+        else the available one with the highest priority (then the first name)."""
+        factories = self.session_factories()
+        listed = ", ".join(sorted(factories)) or "none (pip install qaic-aot)"
+        wanted = name or env.requested_session_factory()
+        if wanted is None:
+            available = [
+                f for f in factories.values() if _safe_call(f.is_available, f"session factory {f.name!r}")
+            ]
+            if not available:
+                raise QaicBackendNotFoundError(f"no qaic session factory is available; installed: {listed}")
+            return min(available, key=lambda f: (-f.priority, f.name))
+        source = "ExecutionConfig.session" if name else env.QAIC_SESSION_FACTORY
+        if wanted not in factories:
+            raise QaicBackendNotFoundError(
+                f"unknown qaic session factory {wanted!r} (from {source}); installed: {listed}"
+            )
+        factory = factories[wanted]
+        if not _safe_call(factory.is_available, f"session factory {wanted!r}"):
+            raise QaicBackendNotFoundError(
+                f"qaic session factory {wanted!r} ({factory.package}) is installed but cannot run here: "
+                f"{factory.description or 'its requirements are missing'}; installed: {listed}"
+            )
+        return factory
+
     def observers(self) -> Observers:
         """Every registered observer behind one (empty, and false, when there is none)."""
         found: list[Observer] = []
@@ -328,6 +405,14 @@ def _version(dist: str) -> str:
 
 def _safe_available(backend: DeviceBackend) -> bool:
     return _safe_call(backend.is_available, f"backend {backend.name!r}")
+
+
+def _safe_applies(loader: ModelLoader, config: ExecutionConfig) -> bool:
+    try:
+        return bool(loader.applies(config))
+    except Exception as exc:
+        log.warning("qaic model loader %r: applies() failed: %s", loader.name, exc)
+        return False
 
 
 def _safe_call(is_available: Callable[[], bool], what: str) -> bool:

@@ -1,4 +1,4 @@
-"""Registers the eager (``pyt``) execution path and its attention backend with qaic-core."""
+"""Registers the eager (``pyt``) execution path, its model loader and its attention backend with qaic-core."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from qaic_core import hookimpl
-from qaic_core.descriptors import AttentionBackend, ExecutionPath
+from qaic_core.descriptors import VLLM_CLASSES, AttentionBackend, ExecutionPath, ModelLoader
 from qaic_core.execution import PAGED_KV, PREFIX_CACHING
+from qaic_pyt.loader import VLLM_LOADER, load_vllm_model
 
 if TYPE_CHECKING:
     from qaic_core.execution import ExecutionConfig
@@ -33,6 +34,9 @@ ARCHITECTURES = frozenset(
     }
 )
 """Decoder architectures whose vLLM classes run eagerly here, each checked against transformers."""
+
+LOADER_KINDS = frozenset({VLLM_CLASSES})
+"""What the pyt path loads a model as (its model loaders' kind)."""
 
 
 def open_step_model(config: ExecutionConfig) -> EagerStepModel:
@@ -66,6 +70,21 @@ def qaic_execution_paths() -> list[ExecutionPath]:
             is_available=vllm_installed,
             description="vLLM's model classes run eagerly (torch_qaic on a card, accounted CPU tensors on "
             "the simulator) over a paged KV cache; needs vLLM",
+            loader_kinds=LOADER_KINDS,
+        )
+    ]
+
+
+@hookimpl
+def qaic_model_loaders() -> list[ModelLoader]:
+    return [
+        ModelLoader(
+            name=VLLM_LOADER,
+            package="qaic-pyt",
+            kind=VLLM_CLASSES,
+            load=load_vllm_model,
+            description="vLLM's own model class for the architecture, weights read by vLLM's loader",
+            priority=10,
         )
     ]
 

@@ -229,37 +229,6 @@ class EagerStepModel:
         logits = self.model.compute_logits(hidden[rows])  # type: ignore[operator]
         return np.ascontiguousarray(logits.to(torch.float32).cpu().numpy())
 
-    # -- after a device fault --------------------------------------------------------------------
-    def recover(self) -> None:
-        """Bring the device back after a failed step: weights placed again, every KV block emptied.
-
-        A reset loses what the device held (on a card the tensors on its ``qaic`` device; on the
-        simulator its accounting, after which steps fail until the memory is held again), and the
-        layer cannot tell a reset from a fault that kept memory, so the weights are loaded from the
-        checkpoint again and the KV cache is allocated afresh. Raises when the device cannot hold
-        them again (the runner then stops the engine).
-        """
-        if not self.kv_caches:
-            raise RuntimeError("recover() needs a model whose KV cache was allocated")
-        num_blocks = self.num_blocks
-        self._free_kv()
-        self.device.release(WEIGHTS)
-        self.device.settle(WEIGHTS, self.weight_bytes)
-        self._load_weights()
-        self.allocate_kv(num_blocks)
-        log.warning(
-            "qaic: %s recovered: weights loaded again, %d KV blocks emptied", self.device.name, num_blocks
-        )
-
-    def _load_weights(self) -> None:
-        """Load the checkpoint into the model in place, with vLLM's loader for its load format."""
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader import get_model_loader
-
-        loader = get_model_loader(self.vllm_config.load_config)
-        with set_current_vllm_config(self.vllm_config), torch.no_grad():
-            loader.load_weights(self.model, self.vllm_config.model_config)
-
     def close(self) -> None:
         self._free_kv()
         self.device.close()
@@ -280,10 +249,12 @@ def _attention_layers(vllm_config: Any) -> dict[str, Any]:
 
 
 def open_step_model(config: ExecutionConfig) -> EagerStepModel:
-    """Load the model with vLLM's loader onto the eager device, its weights accounted first."""
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import get_model
+    """Load the model with the selected model loader (``vllm``: vLLM's loader) onto the eager device,
+    its weights accounted first."""
+    from qaic_core import get_plugin_manager
+    from qaic_pyt.plugin import LOADER_KINDS
 
+    loader = get_plugin_manager().select_model_loader(config, LOADER_KINDS, "pyt")
     vllm_config = vllm_config_of(config)
     model_config = vllm_config.model_config
     dtype: torch.dtype = model_config.dtype
@@ -296,8 +267,12 @@ def open_step_model(config: ExecutionConfig) -> EagerStepModel:
         ops.install(cpu=torch.device(device.torch_device).type == "cpu")
         vllm_config.load_config.device = device.torch_device
         start = time.perf_counter()
-        with set_current_vllm_config(vllm_config):
-            model = get_model(vllm_config=vllm_config)
+        model = loader.load(config)
+        if not isinstance(model, torch.nn.Module):
+            raise QaicConfigError(
+                f"model loader {loader.name!r} ({loader.package}) returned a {type(model).__name__}, "
+                "not the torch.nn.Module the pyt path runs: fix the plugin or name another loader"
+            )
         model.eval()
         actual = memory.module_bytes(model)
         _reserve_weights(device, config, actual, settle=True)

@@ -1,7 +1,9 @@
 """Conformance tests every device backend must pass (see :mod:`qaic_core.testing`).
 
 The tests drive the runtime exactly as QEfficient's ``QAICInferenceSession`` does, so a backend
-that passes them can stand in for the real ``qaicrt``.
+that passes them can stand in for the real ``qaicrt``. The installed model loaders and session
+factories are checked too: unique names, descriptions, known kinds, and every available session
+factory's session runs a program on the backend under test.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import pytest
 from qaic_core import qpc as layout
 from qaic_core import runtime as contract
 from qaic_core.controls import FAULT_KINDS, FaultControl, TraceControl
-from qaic_core.descriptors import CAPABILITIES, DeviceBackend
+from qaic_core.descriptors import CAPABILITIES, LOADER_KINDS, DeviceBackend
+from qaic_core.manager import get_plugin_manager
 from qaic_core.runtime import AicApiModule, QaicrtModule, missing_members
+from qaic_core.session import DeviceSession, SessionRequest
 from qaic_core.testing.models import compile_accumulator
 from qaic_core.types import BUFFER_DTYPES, BufferType, QStatus
 
@@ -433,3 +437,55 @@ def test_fault_control_fails_runs_and_loads(
     finally:
         faults.clear()
         s.close()
+
+
+# -- model loaders and session factories (hooks qaic_model_loaders / qaic_session_factories) ----------
+def test_model_loaders_are_named_described_and_of_known_kinds() -> None:
+    loaders = get_plugin_manager().model_loaders()  # two loaders of one name raise, naming both
+    if not loaders:
+        pytest.skip("no model loader is installed (pip install qaic-aot or qaic-pyt)")
+    for name, loader in loaders.items():
+        assert name == loader.name and name.strip() == name, f"loader {name!r}: a name without spaces"
+        assert loader.package, f"model loader {name!r} names no package"
+        assert loader.description.strip(), f"model loader {name!r} ({loader.package}) has no description"
+        assert loader.kind in LOADER_KINDS, (
+            f"model loader {name!r} ({loader.package}) loads {loader.kind!r}, not one of {sorted(LOADER_KINDS)}"
+        )
+        assert callable(loader.load) and callable(loader.applies), name
+
+
+def test_session_factories_are_named_and_described() -> None:
+    factories = get_plugin_manager().session_factories()  # two factories of one name raise, naming both
+    if not factories:
+        pytest.skip("no session factory is installed (pip install qaic-aot)")
+    for name, factory in factories.items():
+        assert name == factory.name and name.strip() == name, f"factory {name!r}: a name without spaces"
+        assert factory.package, f"session factory {name!r} names no package"
+        assert factory.description.strip(), f"session factory {name!r} ({factory.package}) has no description"
+        assert callable(factory.open), name
+
+
+@pytest.mark.requires("compile", "retained_state")
+def test_session_factories_run_a_program(backend: DeviceBackend, accumulator_qpc: Path) -> None:
+    """Each available factory's session runs the accumulator on this backend: plain, submitted and prepared."""
+    factories = [f for f in get_plugin_manager().session_factories().values() if f.is_available()]
+    if not factories:
+        pytest.skip("no session factory is available (pip install qaic-aot)")
+    one = np.ones((1, 4), np.float32)
+    slot = np.array([[1]], np.int64)
+    for factory in factories:
+        session = factory.open(SessionRequest(program=accumulator_qpc, backend=backend))
+        try:
+            missing = missing_members(session, DeviceSession)
+            assert not missing, f"session factory {factory.name!r}: its session lacks {', '.join(missing)}"
+            assert session.device_backend.name == backend.name, factory.name
+            assert session.is_active and session.num_exec_objects >= 1, factory.name
+            session.skip_buffers(["state", "state_RetainedState"])  # the device keeps the state
+            np.testing.assert_array_equal(session.run({"x": one, "batch_index": slot})["y"], one)
+            out = session.submit({"x": 2 * one, "batch_index": slot}, 0).wait()
+            np.testing.assert_array_equal(out["y"], 3 * one)
+            prepared = session.prepare({"x": np.zeros((1, 4), np.float32), "batch_index": slot}, 0)
+            prepared.array("x")[:] = 4  # written after preparing, before the run starts
+            np.testing.assert_array_equal(prepared.submit().wait()["y"], 7 * one)
+        finally:
+            session.deactivate()
