@@ -229,6 +229,37 @@ class EagerStepModel:
         logits = self.model.compute_logits(hidden[rows])  # type: ignore[operator]
         return np.ascontiguousarray(logits.to(torch.float32).cpu().numpy())
 
+    # -- after a device fault --------------------------------------------------------------------
+    def recover(self) -> None:
+        """Bring the device back after a failed step: weights placed again, every KV block emptied.
+
+        A reset loses what the device held (on a card the tensors on its ``qaic`` device; on the
+        simulator its accounting, after which steps fail until the memory is held again), and the
+        layer cannot tell a reset from a fault that kept memory, so the weights are loaded from the
+        checkpoint again and the KV cache is allocated afresh. Raises when the device cannot hold
+        them again (the runner then stops the engine).
+        """
+        if not self.kv_caches:
+            raise RuntimeError("recover() needs a model whose KV cache was allocated")
+        num_blocks = self.num_blocks
+        self._free_kv()
+        self.device.release(WEIGHTS)
+        self.device.settle(WEIGHTS, self.weight_bytes)
+        self._load_weights()
+        self.allocate_kv(num_blocks)
+        log.warning(
+            "qaic: %s recovered: weights loaded again, %d KV blocks emptied", self.device.name, num_blocks
+        )
+
+    def _load_weights(self) -> None:
+        """Load the checkpoint into the model in place, with vLLM's loader for its load format."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader import get_model_loader
+
+        loader = get_model_loader(self.vllm_config.load_config)
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():
+            loader.load_weights(self.model, self.vllm_config.model_config)
+
     def close(self) -> None:
         self._free_kv()
         self.device.close()
