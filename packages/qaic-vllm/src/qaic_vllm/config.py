@@ -63,7 +63,7 @@ def execution_path_of(vllm_config: VllmConfig | None) -> str:
     then the vendor's rule: ``pyt`` (eager) when ``torch_qaic`` can be imported, else ``aot``.
     ``eager`` is accepted for ``pyt``.
     """
-    additional = getattr(vllm_config, "additional_config", None)
+    additional = getattr(vllm_config, "additional_config", None)  # no config outside an engine
     raw = additional.get(EXECUTION_MODE_KEY) if isinstance(additional, dict) else None
     if raw is not None:
         return _mode(raw, f"--additional-config {EXECUTION_MODE_KEY}")

@@ -42,7 +42,7 @@ FLAG_KEYS = frozenset({"mdts_mos", "aic_pmu_recipe"})
 
 def additional_config(vllm_config: VllmConfig) -> dict[str, Any]:
     """``additional_config`` as a dict (vllm-qaic also takes a JSON or Python-literal string)."""
-    return vendor.parse_additional_config(getattr(vllm_config, "additional_config", None))
+    return vendor.parse_additional_config(vllm_config.additional_config)
 
 
 def overridable(key: str) -> bool:
@@ -184,7 +184,7 @@ def read_overrides(vllm_config: VllmConfig, environ: Mapping[str, str] | None = 
         merged["device_group"] = SETTINGS["device_group"].value(top, "--additional-config device_group")
     merged.update(read_override(additional.get(OVERRIDE_KEY), f"--additional-config {OVERRIDE_KEY}"))
     _merge_flags(merged, envs.overrides_from_env(environ))
-    if getattr(vllm_config, "speculative_config", None) is not None:
+    if vllm_config.speculative_config is not None:
         _merge_flags(merged, envs.target_overrides_from_env(environ))
     for note in envs.no_effect_notes(environ):
         log.info("qaic: %s", note)
@@ -218,7 +218,8 @@ def adopt_engine_args(vllm_config: VllmConfig) -> None:
     additional = additional_config(vllm_config)
     vllm_config.additional_config = additional
     model_config = vllm_config.model_config
-    if getattr(getattr(model_config, "multimodal_config", None), "enable_mm_embeds", False):
+    multimodal = model_config.multimodal_config  # None for a text-only model
+    if multimodal is not None and multimodal.enable_mm_embeds:
         raise vendor.refusal("--enable-mm-embeds", vendor.ENGINE_ARGS["--enable-mm-embeds"])
     parallel = vllm_config.parallel_config
     tp = int(parallel.tensor_parallel_size)
@@ -243,7 +244,7 @@ def adopt_engine_args(vllm_config: VllmConfig) -> None:
             tp,
             tp,
         )
-    profiler = getattr(vllm_config, "profiler_config", None)
+    profiler = vllm_config.profiler_config
     qaic_dir = os.environ.get(envs.VLLM_TORCH_QAIC_PROFILER_DIR, "").strip()
-    if qaic_dir and profiler is not None and not getattr(profiler, "torch_profiler_dir", None):
+    if qaic_dir and not profiler.torch_profiler_dir:
         profiler.torch_profiler_dir = qaic_dir

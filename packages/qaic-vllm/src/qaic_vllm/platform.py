@@ -16,12 +16,15 @@ from qaic_core.env import QAIC_VISIBLE_DEVICES, env_flag
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import PAGED_KV, ExecutionConfig
 from qaic_vllm import envs
+from qaic_vllm.compat import probe_all
+from qaic_vllm.compat.arguments import accept_option_value
+from qaic_vllm.compat.engine_args import install_batch_default_probe
 from qaic_vllm.config import engine_settings, execution_path_of
 from qaic_vllm.faults import FaultSettings, check_devices, config_reported, install_exit_report
 from qaic_vllm.overrides import adopt_engine_args
 from qaic_vllm.prefill import prefill_budget
 from qaic_vllm.quantization import register_mxfp6, register_mxint8_kv_cache
-from qaic_vllm.sizing import apply_shape, install_batch_default_probe
+from qaic_vllm.sizing import apply_shape
 from qaic_vllm.speculative.config import with_speculation
 from qaic_vllm.torch_device import neutralise_accelerator
 
@@ -164,12 +167,7 @@ class QaicPlatform(Platform):
         from qaic_vllm.pooling_server import add_to_parser
 
         add_to_parser(parser)
-        for action in getattr(parser, "_actions", []):
-            if "--kv-cache-dtype" in action.option_strings and not getattr(action, "_qaic", False):
-                if action.choices is not None and "mxint8" not in action.choices:
-                    action.choices = [*action.choices, "mxint8"]
-                action.type = _kv_cache_dtype_type(action.type)
-                action._qaic = True  # type: ignore[attr-defined]
+        accept_option_value(parser, "--kv-cache-dtype", "mxint8", _kv_cache_dtype_type)
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
@@ -180,6 +178,7 @@ class QaicPlatform(Platform):
     @classmethod
     def _check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         configure_logging()
+        probe_all()  # a vLLM or torch release that moved a private name fails here, naming it
         neutralise_accelerator()
         envs.register_with_vllm()
         model_config = vllm_config.model_config
@@ -297,7 +296,7 @@ def async_scheduling_blocker(vllm_config: VllmConfig, speculative: bool) -> str 
         return f"{ASYNC_SCHEDULING_VAR}=0"
     if speculative:
         return "not supported with speculative decoding on Cloud AI (the proposer drafts from sampled tokens)"
-    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+    if vllm_config.kv_transfer_config is not None:
         return "not supported with a KV connector on Cloud AI (it reports per step)"
     model_config = vllm_config.model_config
     if model_config is not None and model_config.runner_type == "pooling":

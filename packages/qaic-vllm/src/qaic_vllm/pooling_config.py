@@ -275,9 +275,8 @@ def configure_pooling(vllm_config: VllmConfig, settings: CompileSettings) -> Non
     sched.long_prefill_token_threshold = 0
     budget = settings.decode_batch_size * pooling.max_seq_len
     sched.max_num_batched_tokens = max(int(sched.max_num_batched_tokens), budget)
-    scheduled = getattr(sched, "max_num_scheduled_tokens", None)
-    if scheduled is not None:
-        sched.max_num_scheduled_tokens = max(int(scheduled), budget)
+    if sched.max_num_scheduled_tokens is not None:
+        sched.max_num_scheduled_tokens = max(int(sched.max_num_scheduled_tokens), budget)
     _engine = PoolingEngine(
         task=task,
         max_seq_len=pooling.max_seq_len,

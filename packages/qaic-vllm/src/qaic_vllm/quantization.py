@@ -48,11 +48,10 @@ def register_mxint8_kv_cache() -> None:
     """
     from vllm.config import cache as vllm_cache
 
-    register = getattr(vllm_cache, "register_kv_cache_dtype", None)
-    if register is None or vllm_cache.is_known_kv_cache_dtype("mxint8"):
+    if vllm_cache.is_known_kv_cache_dtype("mxint8"):
         return
 
-    @register("mxint8")
+    @vllm_cache.register_kv_cache_dtype("mxint8")
     class Mxint8KVCache:
         """MX INT8: 8-bit values with a shared scale per 32, kept on the device."""
 

@@ -18,14 +18,13 @@ import time
 from typing import Any
 
 from vllm.outputs import RequestError
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from qaic_core import get_plugin_manager
+from qaic_vllm.compat.scheduler import ModeMatchedScheduler, fail_request, preempt, step_limits
 from qaic_vllm.overrides import partial_prefills, read_overrides
 from qaic_vllm.prefill import engine_prefill_shapes, prefill_budget
 from qaic_vllm.runner_output import QaicRunnerOutput
@@ -33,7 +32,7 @@ from qaic_vllm.runner_output import QaicRunnerOutput
 log = logging.getLogger("qaic.vllm.scheduler")
 
 
-class QaicScheduler(AsyncScheduler):
+class QaicScheduler(ModeMatchedScheduler):
     """Chunks of at most ``prefill_seq_len`` tokens; ``max_num_partial_prefills`` prompts in prefill at once
     (default one), and a burst of short prompts together when the program has a batched prefill.
 
@@ -56,12 +55,6 @@ class QaicScheduler(AsyncScheduler):
             self._prefill_seq_len(), self.max_num_partial_prefills, shapes.batch_tokens
         )
 
-    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        if self.scheduler_config.async_scheduling:
-            super()._update_after_schedule(scheduler_output)
-        else:
-            Scheduler._update_after_schedule(self, scheduler_output)
-
     def _prefill_seq_len(self) -> int:
         return int(self.scheduler_config.long_prefill_token_threshold) or int(self.max_model_len)
 
@@ -78,20 +71,15 @@ class QaicScheduler(AsyncScheduler):
                 prefilling += 1
             else:
                 decode_tokens += 1 + len(request.spec_token_ids)  # drafts are verified in the same row
-        saved_active = self.max_num_active_reqs
-        saved_budget = self.max_num_scheduled_tokens
         # Up to max_num_partial_prefills prompts in prefill (or a batch of short ones when none is).
         admit = max(0, self.max_num_partial_prefills - prefilling)
         if not prefilling:
             admit = max(admit, self._admissible())
-        self.max_num_active_reqs = min(saved_active, len(self.running) + admit)
         # Budget: one token (and its drafts) per decode plus the prefill chunks.
-        self.max_num_scheduled_tokens = min(saved_budget, decode_tokens + self.prefill_tokens)
-        try:
+        with step_limits(
+            self, max_active=len(self.running) + admit, max_tokens=decode_tokens + self.prefill_tokens
+        ):
             return super().schedule(throttle_prefills)
-        finally:
-            self.max_num_active_reqs = saved_active
-            self.max_num_scheduled_tokens = saved_budget
 
     def _admissible(self) -> int:
         """Waiting requests one step may start: one, or up to the batched prefill's rows of short prompts."""
@@ -118,8 +106,8 @@ class QaicScheduler(AsyncScheduler):
             for req_id, message in failed.items():
                 request = self.requests.get(req_id)
                 if request is not None and not request.is_finished():
-                    self.grammar_compile_error_reqs[req_id] = RequestError(
-                        code="device_fault", message=message, retryable=True
+                    fail_request(
+                        self, req_id, RequestError(code="device_fault", message=message, retryable=True)
                     )
         with self.observers.timed("update"):
             outputs = super().update_from_output(scheduler_output, model_runner_output)
@@ -139,5 +127,4 @@ class QaicScheduler(AsyncScheduler):
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue
-            self.running = [r for r in self.running if r is not request]
-            self._preempt_request(request, now)  # back to the waiting queue, KV blocks freed
+            preempt(self, request, now)  # back to the waiting queue, KV blocks freed

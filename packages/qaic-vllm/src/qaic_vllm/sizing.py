@@ -9,61 +9,31 @@ cannot fit fails before compiling, naming the largest that would.
 
 from __future__ import annotations
 
-import functools
 import logging
-import weakref
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicConfigError
 from qaic_core.execution import ShapeRequest
 from qaic_core.resources import DeviceResources, group_ids, query_devices
 from qaic_core.settings import CompileSettings
+from qaic_vllm.compat.engine_args import batch_defaulted
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 log = logging.getLogger("qaic.vllm")
 
-_batch_defaulted: dict[int, weakref.ref[Any]] = {}
-"""Model configs (by id, unhashable) whose ``max_num_seqs`` vLLM filled in (the user gave none)."""
-
-
-def install_batch_default_probe() -> None:
-    """Note when vLLM fills in ``max_num_seqs`` itself: the value it reaches the platform with looks given.
-
-    Wraps ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` once; where a vLLM release
-    lacks it, every batch counts as given (nothing is chosen, nothing breaks).
-    """
-    from vllm.engine.arg_utils import EngineArgs
-
-    name = "_set_default_max_num_seqs_and_batched_tokens_args"
-    original: Callable[..., None] | None = getattr(EngineArgs, name, None)
-    if original is None or getattr(original, "_qaic_probe", False):
-        return
-
-    @functools.wraps(original)
-    def probe(self: Any, usage_context: Any, model_config: Any, *args: Any, **kwargs: Any) -> None:
-        defaulted = self.max_num_seqs is None
-        original(self, usage_context, model_config, *args, **kwargs)
-        if defaulted:
-            key = id(model_config)
-            _batch_defaulted[key] = weakref.ref(model_config, lambda _: _batch_defaulted.pop(key, None))
-
-    probe._qaic_probe = True  # type: ignore[attr-defined]
-    setattr(EngineArgs, name, probe)
-
 
 def batch_given(vllm_config: VllmConfig) -> bool:
-    ref = _batch_defaulted.get(id(vllm_config.model_config))
-    return ref is None or ref() is not vllm_config.model_config
+    """``--max-num-seqs`` was given (vLLM did not fill it in; see qaic_vllm.compat.engine_args)."""
+    return not batch_defaulted(vllm_config.model_config)
 
 
 def ctx_given(vllm_config: VllmConfig) -> bool:
     """``--max-model-len`` was given (None: not given; -1: vLLM's "fit to memory", also chosen here)."""
-    return getattr(vllm_config.model_config, "original_max_model_len", 0) not in (None, -1)
+    return vllm_config.model_config.original_max_model_len not in (None, -1)
 
 
 def group_devices(device_group: tuple[int, ...] | None, num_devices: int) -> list[DeviceResources]:
@@ -100,7 +70,7 @@ def fit_shape(
     if path.size is None:
         return settings
     sc = vllm_config.speculative_config
-    k = int(getattr(sc, "num_speculative_tokens", 0) or 0) if sc is not None else 0
+    k = int(sc.num_speculative_tokens or 0) if sc is not None else 0
     probe = settings.replace(num_speculative_tokens=k) if k and k + 1 <= settings.ctx_len else settings
     batch = settings.full_batch_size if batch_given(vllm_config) else None
     ctx = settings.ctx_len if ctx_given(vllm_config) else None

@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import logging
-from types import ModuleType
 
-import torch
+from qaic_vllm.compat import torch_device as torch_seams
+from qaic_vllm.compat.torch_device import neutralise_accelerator
+
+__all__ = ["name_device_type", "neutralise_accelerator"]
 
 log = logging.getLogger("qaic.vllm")
-
-
-def neutralise_accelerator() -> None:
-    """Make ``torch.accelerator.empty_cache/synchronize`` no-ops on CPU-only torch (they raise there)."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is None or getattr(acc, "_qaic_neutralised", False):
-        return
-    try:
-        available = bool(acc.is_available())
-    except Exception:
-        available = False
-    if available:
-        return
-    for name in ("empty_cache", "synchronize", "empty_host_cache"):
-        if hasattr(acc, name):
-            setattr(acc, name, lambda *args, **kwargs: None)
-    acc._qaic_neutralised = True  # type: ignore[attr-defined]
 
 
 def name_device_type() -> None:
@@ -33,22 +18,12 @@ def name_device_type() -> None:
     No tensor is ever placed on it: the AOT runner keeps host tensors on the CPU. A device module
     that reports no usable device keeps ``torch.accelerator`` answering "not available".
     """
-    current = torch._C._get_privateuse1_backend_name()
+    import torch
+
+    current = torch_seams.privateuse1_name()
     if current == "privateuseone":
         torch.utils.rename_privateuse1_backend("qaic")
     elif current != "qaic":
         log.warning("torch's PrivateUse1 device is already named %r; vLLM groups may not start", current)
         return
-    if not hasattr(torch, "qaic"):
-        torch._register_device_module("qaic", _host_only_device_module())
-
-
-def _host_only_device_module() -> ModuleType:
-    module = ModuleType("qaic_vllm.torch_qaic")
-    module.is_available = lambda: False  # type: ignore[attr-defined]
-    module.device_count = lambda: 0  # type: ignore[attr-defined]
-    module.current_device = lambda: 0  # type: ignore[attr-defined]
-    module.synchronize = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-    module.empty_cache = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-    module._is_in_bad_fork = lambda: False  # type: ignore[attr-defined]
-    return module
+    torch_seams.register_host_only_device("qaic")

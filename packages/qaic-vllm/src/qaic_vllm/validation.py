@@ -39,7 +39,7 @@ def validate_model(vllm_config: VllmConfig, path: ExecutionPath) -> None:
             f"model architecture {archs or 'unknown'} is not supported on Cloud AI ({path.name} path); "
             f"supported: {', '.join(sorted(supported))}"
         )
-    if getattr(model_config, "is_multimodal_model", False):
+    if model_config.is_multimodal_model:
         raise QaicConfigError(f"multimodal models are not supported on the qaic {path.name} path yet")
     max_pos = getattr(model_config.hf_text_config, "max_position_embeddings", None) or getattr(
         model_config.hf_text_config, "n_positions", None
@@ -109,7 +109,7 @@ def validate_pooling(params: Any, processed_inputs: Any, engine: PoolingEngine) 
             parameter="input",
             value=len(ids),
         )
-    if engine.normalized_on_device and getattr(params, "use_activation", None) is False:
+    if engine.normalized_on_device and params.use_activation is False:
         raise VLLMValidationError(
             "this model's program normalizes the embeddings (override_qaic_config normalize: true with "
             "pooling_device qaic), so use_activation=false (no normalization) cannot be honoured: drop it, "
