@@ -140,3 +140,13 @@ def test_vllm_filling_in_the_batch_is_told_from_a_given_one(tiny_model: Any) -> 
     chosen = EngineArgs(model=str(tiny_model), max_model_len=256, dtype="float32")
     assert batch_defaulted(given.create_engine_config().model_config) is False
     assert batch_defaulted(chosen.create_engine_config().model_config) is True
+
+
+def test_docs_list_every_seam_with_its_version() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "vllm.md").read_text()
+    section = text.split("## vLLM's private seams", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z_.0-9]+)` \|.*\| ([^|]+?) \|$", section, flags=re.M))
+    assert rows == {name: seam.checked_with for name, seam in SEAMS.items()}
