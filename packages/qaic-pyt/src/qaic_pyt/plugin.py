@@ -47,7 +47,11 @@ def open_step_model(config: ExecutionConfig) -> EagerStepModel:
 
 
 def check(config: ExecutionConfig) -> None:
+    """The loader the configuration names exists and loads vLLM's classes; then the path's own checks."""
+    from qaic_core import get_plugin_manager
     from qaic_pyt import check as checks
+
+    get_plugin_manager().select_model_loader(config, LOADER_KINDS, "pyt")
 
     checks.check(config)
 
