@@ -74,15 +74,6 @@ KNOWN_PRIVATE = frozenset(
 )
 """vLLM/torch/argparse internals reached on objects whose type the source does not name (``self``, a parser)."""
 COMPAT = ROOT / "packages" / "qaic-vllm" / "src" / "qaic_vllm" / "compat"
-PENDING_MOVES: dict[str, tuple[str, ...]] = {
-    # to call qaic_vllm.compat.models.load_st_projector
-    "imports vllm.model_executor.models.adapters._load_st_projector": (
-        "qaic_vllm/pooling_runner.py",
-        "qaic_vllm/runner/pooling.py",
-    ),
-}
-"""Findings allowed, for now, in the modules another change is moving (old and new place); each goes
-from here once that module calls its qaic_vllm.compat function."""
 
 
 def _private(name: str) -> bool:
@@ -168,15 +159,21 @@ def plain(parser, other):
 
 def test_private_vllm_torch_argparse_names_are_reached_only_in_compat() -> None:
     found = {name: uses for name, path in vllm_modules().items() if (uses := private_uses(path.read_text()))}
-    unexpected = {
-        name: wrong
-        for name, uses in found.items()
-        if (wrong := sorted(use for use in uses if name not in PENDING_MOVES.get(use, ())))
-    }
+    unexpected = {name: sorted(uses) for name, uses in found.items()}
     assert not unexpected, (
         f"private vLLM/torch/argparse names outside qaic_vllm.compat (add a seam): {unexpected}"
     )
-    stale = [
-        use for use, names in PENDING_MOVES.items() if not any(use in found.get(n, set()) for n in names)
-    ]
-    assert not stale, f"these now go through qaic_vllm.compat: drop them from PENDING_MOVES: {stale}"
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_qaic_vllm_module_is_too_long() -> None:
+    """Each module has one role; a module past the limit is split by role (runner/, worker/, compat/)."""
+    source = ROOT / "packages" / "qaic-vllm" / "src"
+    long = {
+        str(path.relative_to(source)): n
+        for path in sorted(source.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"qaic-vllm modules over {MAX_MODULE_LINES} lines: {long}"

@@ -94,7 +94,7 @@ def shaped_like(tiny_model: Path, out: Path, **config: Any) -> Path:
 
 def test_the_eager_mode_leaves_vllms_scheduler_and_prefix_caching_on(tiny_model: Path) -> None:
     vllm_config = start(tiny_model)
-    assert vllm_config.parallel_config.worker_cls == "qaic_vllm.paged_worker.QaicPagedWorker"
+    assert vllm_config.parallel_config.worker_cls == "qaic_vllm.worker.QaicPagedWorker"
     assert vllm_config.scheduler_config.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler") or (
         "Qaic" not in str(vllm_config.scheduler_config.scheduler_cls)
     )

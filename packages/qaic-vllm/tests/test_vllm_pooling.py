@@ -16,7 +16,7 @@ from qaic_core.settings import CompileSettings
 from qaic_vllm import pooling_config
 from qaic_vllm.overrides import read_override
 from qaic_vllm.pooling_config import PoolingEngine, pooling_settings, pooling_task, set_aside
-from qaic_vllm.pooling_runner import plan_runs
+from qaic_vllm.runner.pooling import plan_runs
 from qaic_vllm.validation import validate_pooling
 
 

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("qaic.vllm")
 
-PAGED_WORKER_CLS = "qaic_vllm.paged_worker.QaicPagedWorker"
+PAGED_WORKER_CLS = "qaic_vllm.worker.QaicPagedWorker"
+PAGED_SCHEDULER_CLS = "qaic_vllm.scheduler.QaicPagedScheduler"
 DEFAULT_BLOCK_SIZE = 16
 SWITCH_TO_AOT = (
     f'(choose it with --additional-config \'{{"{EXECUTION_MODE_KEY}": "aot"}}\' or '
@@ -108,6 +109,7 @@ def configure_paged(vllm_config: VllmConfig, path: ExecutionPath) -> None:
     if parallel.worker_cls in ("auto", "", None):
         parallel.worker_cls = PAGED_WORKER_CLS
     sched = vllm_config.scheduler_config
+    sched.scheduler_cls = PAGED_SCHEDULER_CLS  # vLLM's scheduling, and the device-fault policy
     if sched.async_scheduling:  # vLLM's default, or --async-scheduling
         log.info("qaic: async scheduling is off: not supported in the pyt (eager) execution mode")
     sched.async_scheduling = False

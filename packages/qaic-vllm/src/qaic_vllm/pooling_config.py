@@ -52,8 +52,8 @@ SEQ_POOLING = {"MEAN": "mean", "CLS": "cls", "LAST": "last"}
 """vLLM's sequence pooling types -> the method compiled in when ``pooling_method`` is unset."""
 SIZED_KEY = "qaic_sized_shape"
 """``additional_config`` entry of the checked batch and context (the device sizing skips a recorded shape)."""
-WORKER_CLS = "qaic_vllm.pooling_runner.QaicPoolingWorker"
-SCHEDULER_CLS = "qaic_vllm.pooling_runner.QaicPoolingScheduler"
+WORKER_CLS = "qaic_vllm.worker.QaicPoolingWorker"
+SCHEDULER_CLS = "qaic_vllm.scheduler.QaicPoolingScheduler"
 
 
 @dataclass(frozen=True)

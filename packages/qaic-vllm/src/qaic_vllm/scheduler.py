@@ -19,6 +19,7 @@ from typing import Any
 
 from vllm.outputs import RequestError
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
@@ -128,3 +129,14 @@ class QaicScheduler(ModeMatchedScheduler):
             if request is None or request.status != RequestStatus.RUNNING:
                 continue
             preempt(self, request, now)  # back to the waiting queue, KV blocks freed
+
+
+class QaicPoolingScheduler(QaicScheduler):
+    """For ``--runner pooling``: vLLM's own scheduling (whole prompts, up to the batch), no one-prefill-at-a-time limit."""
+
+    def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
+        return Scheduler.schedule(self, throttle_prefills)
+
+
+class QaicPagedScheduler(QaicPoolingScheduler):
+    """For the eager (pyt) mode: vLLM's own scheduling over paged KV blocks, with the device-fault policy."""

@@ -1,29 +1,23 @@
 """The vLLM worker for execution paths with a paged KV cache (``pyt``): vLLM's own KV block layout.
 
-The device set-up, tracing and request checks are :class:`~qaic_vllm.worker.QaicWorker`'s; this
-worker opens a :class:`~qaic_core.execution.PagedStepModel`, reports one full-attention KV spec
+The device set-up and tracing are :class:`~qaic_vllm.worker.base.QaicWorkerBase`'s; this worker opens a :class:`~qaic_core.execution.PagedStepModel`, reports one full-attention KV spec
 per layer so vLLM's KV cache manager (prefix caching, preemption) runs unchanged, sizes the cache
 from the device memory left after the weights, and steps the model with a
-:class:`~qaic_vllm.paged_runner.PagedModelRunner`.
+:class:`~qaic_vllm.runner.paged.PagedModelRunner`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any
 
 import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import ModelRunnerOutput
 
 from qaic_core.eager import DeviceMemoryError
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import ExecutionConfig, OpenOptions, PagedStepModel
-from qaic_vllm.config import model_dir_of
-from qaic_vllm.faults import fatal_reported
-from qaic_vllm.paged_runner import PagedModelRunner
-from qaic_vllm.worker import QaicWorker
+from qaic_core.execution import OpenOptions, PagedStepModel
+from qaic_vllm.runner.paged import PagedModelRunner
+from qaic_vllm.worker.base import QaicWorkerBase
 
 log = logging.getLogger("qaic.vllm.worker")
 
@@ -31,36 +25,23 @@ KV_LAYER = "qaic.paged_kv.{}"
 KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class QaicPagedWorker(QaicWorker):
+class QaicPagedWorker(QaicWorkerBase):
     """One worker per SoC; the model's KV cache lives in blocks vLLM's scheduler hands out."""
 
     paged_model: PagedStepModel | None = None
-    paged_runner: PagedModelRunner | None = None
 
-    def _load_model(self) -> None:
+    def open_model(self) -> PagedModelRunner:
         """Open the paged step model: the execution path loads the weights onto its device."""
-        assert self.backend is not None and self.path is not None, "init_device() must run first"
-        config = ExecutionConfig(
-            model_dir=model_dir_of(self.model_config.model),
-            settings=self.settings.compile,
-            device=self.backend,
-            qpc_path=self.settings.qpc_path,
-            dtype=self.settings.dtype,
-            progress=True,
-            options=OpenOptions(vllm_config=self.vllm_config),
-        )
-        start = time.perf_counter()
-        model = self.path.open(config)
-        self.compile_seconds = time.perf_counter() - start
+        assert self.path is not None
+        model = self.open_path(self.execution_config(OpenOptions(vllm_config=self.vllm_config)))
         if not isinstance(model, PagedStepModel):
-            model.close()
-            raise QaicConfigError(
+            self.refuse(
+                model,
                 f"execution path {self.path.name!r} opened a slot-layout model for the paged worker: "
-                "its descriptor must not claim paged_kv"
+                "its descriptor must not claim paged_kv",
             )
-        log.info("qaic: %s model ready in %.1fs", self.path.name, self.compile_seconds)
         self.paged_model = model
-        self.paged_runner = PagedModelRunner(self.vllm_config, model)
+        return PagedModelRunner(self.vllm_config, model)
 
     def _model(self) -> PagedStepModel:
         assert self.paged_model is not None, "load_model() must run first"
@@ -98,7 +79,7 @@ class QaicPagedWorker(QaicWorker):
         wanted = (int(self.vllm_config.scheduler_config.max_num_seqs) * blocks_per_seq + 1) * block
         utilization = float(cache.gpu_memory_utilization or 0.9)
         budget = min(mem.free_bytes, int(mem.total_bytes * utilization) - mem.model_bytes)
-        explicit = getattr(cache, "kv_cache_memory_bytes", None)
+        explicit = cache.kv_cache_memory_bytes
         available = int(explicit) if explicit else min(budget, wanted)
         if available < (blocks_per_seq + 1) * block:
             raise QaicConfigError(
@@ -126,36 +107,9 @@ class QaicPagedWorker(QaicWorker):
                 "--max-model-len"
             ) from exc
 
-    def get_model(self) -> Any:
-        raise NotImplementedError(
-            f"the {self.settings.execution_path} execution path's model lives behind its step model"
-        )
-
-    # -- per step ------------------------------------------------------------------------------
-    def _execute_step(self, scheduler_output: Any) -> ModelRunnerOutput | None:
-        assert self.paged_runner is not None, "load_model() must run before execute_model()"
-        tracer = self.tracer
-        with fatal_reported("serving"):
-            if tracer is not None and tracer.active and scheduler_output.total_num_scheduled_tokens > 0:
-                tracer.begin_iteration()
-                try:
-                    return self.paged_runner.execute_model(scheduler_output)
-                finally:
-                    tracer.end_iteration()
-            return self.paged_runner.execute_model(scheduler_output)
-
-    def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
-        assert self.paged_runner is not None, "load_model() must run before sample_tokens()"
-        with fatal_reported("serving"):
-            return self.paged_runner.sample_tokens(grammar_output)
-
-    def take_draft_token_ids(self) -> None:
-        return None
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
 
     def shutdown(self) -> None:
-        if self.tracer is not None:
-            self.tracer.stop()
-        if self.paged_model is not None:
-            self.paged_model.close()
+        super().shutdown()
         self.paged_model = None
-        self.paged_runner = None

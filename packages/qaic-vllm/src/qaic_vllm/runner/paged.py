@@ -6,7 +6,9 @@ cache manager hands them out, prefix-cache hits included) and a row of the host 
 runs every scheduled request's tokens, prefill chunks and decodes alike, as one
 :class:`~qaic_core.execution.PagedBatch`; the requests whose scheduled tokens reach the end of
 what they hold are sampled on the host with vLLM's semantics (:class:`qaic_vllm.sampling.HostSampler`).
-A preempted request is dropped and comes back as a new one to be recomputed, as in vLLM.
+A preempted request is dropped and comes back as a new one to be recomputed, as in vLLM. A device
+fault costs every request that holds KV blocks (the reload loses them all): they fail or are
+computed again, as the fault policy says (:class:`~qaic_vllm.runner.containment.FaultContainment`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import torch
 from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 
 from qaic_core import get_plugin_manager
+from qaic_core.errors import QaicRuntimeError
 from qaic_core.execution import PagedBatch, PagedStepModel
 from qaic_core.observe import StepRecord
-from qaic_vllm.model_runner import apply_grammar_bitmask
+from qaic_vllm.runner.containment import FaultContainment
+from qaic_vllm.runner.sample import apply_grammar_bitmask, logprobs_layout, row_logprobs
+from qaic_vllm.runner_output import QaicRunnerOutput
 from qaic_vllm.sampling import HostSampler
 
 if TYPE_CHECKING:
@@ -70,7 +75,9 @@ class PagedModelRunner:
         self.free_rows = list(range(self.max_num_reqs - 1, -1, -1))
         self.sampler = HostSampler(vllm_config, self.max_num_reqs, self.max_model_len, self.vocab_size)
         self.observers = get_plugin_manager().observers()
-        self._pending: tuple[PagedStep, np.ndarray] | None = None
+        self.containment = FaultContainment(model.recover)
+        self.pending: tuple[PagedStep, np.ndarray] | QaicRunnerOutput | None = None
+        """A step waiting for ``sample_tokens`` (structured output), or its fault."""
 
     # -- request bookkeeping ------------------------------------------------------------------
     def _remove(self, req_id: str) -> None:
@@ -177,22 +184,38 @@ class PagedModelRunner:
             return ModelRunnerOutput(req_ids=[])
         step = self.plan(so)
         running = len(self.requests)
-        logits = self.model.submit_batch(step.batch).wait()
+        try:
+            logits = self.model.submit_batch(step.batch).wait()
+        except QaicRuntimeError as exc:
+            failed = self.contain(exc, step.req_ids)
+            if so.has_structured_output_requests:
+                self.pending = failed
+                return None
+            return failed
         for req_id, n in so.num_scheduled_tokens.items():
             self.requests[req_id].num_computed += int(n)
         if self.observers:
             self.observers.step(StepRecord(step.decode_rows, step.prefill_tokens, running))
         if so.has_structured_output_requests:
-            self._pending = (step, logits)
+            self.pending = (step, logits)
             return None
         return self._output(step, logits, None)
 
+    def contain(self, exc: QaicRuntimeError, req_ids: list[str]) -> QaicRunnerOutput:
+        """A run failed: the reload loses every KV block, so every request held pays, not only the step's."""
+        output = self.containment.contain(exc, req_ids, list(self.requests))
+        for req_id in output.failed:
+            self._remove(req_id)
+        return output
+
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         """Sample the step ``execute_model`` left pending, under the grammar's token bitmask."""
-        if self._pending is None:
+        if self.pending is None:
             raise RuntimeError("sample_tokens() called without a pending execute_model() step")
-        step, logits = self._pending
-        self._pending = None
+        pending, self.pending = self.pending, None
+        if isinstance(pending, QaicRunnerOutput):
+            return pending  # the step failed on the device
+        step, logits = pending
         return self._output(step, logits, grammar_output)
 
     def _output(
@@ -204,7 +227,7 @@ class PagedModelRunner:
         return ModelRunnerOutput(
             req_ids=step.req_ids,
             sampled_token_ids=tokens,
-            logprobs=_logprobs_layout(step.req_ids, tokens, logprobs),
+            logprobs=logprobs_layout(step.req_ids, tokens, logprobs),
         )
 
     def _sample(
@@ -226,40 +249,11 @@ class PagedModelRunner:
             state.token_ids.append(tokens[i])
             self.sampler.append_token(state.row, tokens[i])
             if lp is not None:
-                lp_rows[state.req_id] = LogprobsLists(
-                    lp.logprob_token_ids[i : i + 1], lp.logprobs[i : i + 1], lp.sampled_token_ranks[i : i + 1]
-                )
+                lp_rows[state.req_id] = row_logprobs(lp, i)
         return out, lp_rows
 
     def take_draft_token_ids(self) -> None:
         return None
 
-
-def _logprobs_layout(
-    req_ids: list[str], tokens: list[list[int]], rows: dict[str, LogprobsLists]
-) -> LogprobsLists | None:
-    """vLLM's layout: one row per generated token, requests in order, with each request's first row.
-
-    The offsets are always given, so a request that sampled nothing this step (a prefill chunk)
-    does not shift the rows of the requests after it.
-    """
-    if not rows:
-        return None
-    width = max(lp.logprob_token_ids.shape[1] for lp in rows.values())
-    total = sum(len(t) for t in tokens)
-    ids = np.zeros((total, width), dtype=np.int64)
-    vals = np.full((total, width), float("-inf"), dtype=np.float32)
-    ranks = np.zeros(total, dtype=np.int64)
-    offsets: list[int] = []
-    row = 0
-    for req_id, generated in zip(req_ids, tokens, strict=True):
-        offsets.append(row)
-        lp = rows.get(req_id)
-        if lp is not None:
-            n = len(generated)
-            ids[row : row + n, : lp.logprob_token_ids.shape[1]] = lp.logprob_token_ids[:n]
-            vals[row : row + n, : lp.logprobs.shape[1]] = lp.logprobs[:n]
-            ranks[row : row + n] = lp.sampled_token_ranks[:n]
-        row += len(generated)
-    offsets.append(row)
-    return LogprobsLists(ids, vals, ranks, offsets)
+    def close(self) -> None:
+        self.model.close()

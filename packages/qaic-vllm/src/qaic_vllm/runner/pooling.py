@@ -11,7 +11,6 @@ then apply each request's parameters on the host: the sentence-transformers proj
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,26 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
-from qaic_core.execution import (
-    CLASSIFY,
-    HIDDEN_OUTPUT,
-    ExecutionConfig,
-    OpenOptions,
-    PoolingModel,
-)
+from qaic_core.execution import CLASSIFY, HIDDEN_OUTPUT, PoolingModel
 from qaic_core.observe import StepRecord
-from qaic_vllm.config import model_dir_of
-from qaic_vllm.envs import lrt_debug
-from qaic_vllm.faults import FaultBudget, FaultSettings, QaicFatalError, fatal_reported
-from qaic_vllm.pooling_config import pooling_settings, pooling_task
+from qaic_vllm.runner.containment import FaultContainment
 from qaic_vllm.runner_output import QaicRunnerOutput
-from qaic_vllm.scheduler import QaicScheduler
-from qaic_vllm.worker import QaicWorker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -65,9 +52,6 @@ class _Metadata:
 class PoolingModelRunner:
     """Runs each step's pooling requests on a :class:`PoolingModel` and applies vLLM's heads on the host."""
 
-    proposer = None
-    """No speculative decoding for pooling models (the worker's shutdown looks for one)."""
-
     def __init__(self, vllm_config: VllmConfig, model: PoolingModel, task: str) -> None:
         self.vllm_config = vllm_config
         self.model = model
@@ -78,7 +62,7 @@ class PoolingModelRunner:
         self.head = _head(model_config, task)
         self.requests: dict[str, PoolingRequest] = {}
         self.observers = get_plugin_manager().observers()
-        self.fault_budget = FaultBudget(FaultSettings.from_env())
+        self.containment = FaultContainment(model.recover, what="pooling request")
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
@@ -151,26 +135,11 @@ class PoolingModelRunner:
         return np.asarray(hidden, np.float32).mean(axis=0)
 
     def _contain(self, exc: QaicRuntimeError, req_ids: list[str]) -> QaicRunnerOutput:
-        """A run failed: count it, reload the program and fail (or recompute) the step's requests."""
-        cause = str(exc).splitlines()[0]
-        log.error("qaic: device fault: %s; %d pooling request(s) affected", cause, len(req_ids))
-        self.fault_budget.record(cause)
-        try:
-            self.model.recover()
-        except Exception as again:
-            raise QaicFatalError(f"the device did not come back after '{cause}': {again}") from again
+        """A run failed: the step's requests pay (a pooling model keeps no state between steps)."""
+        output = self.containment.contain(exc, req_ids, ())
         for req_id in req_ids:
             self.requests.pop(req_id, None)
-        recompute = self.fault_budget.settings.policy == "recompute"
-        message = f"Cloud AI device fault: {cause}; the device was reloaded and the server keeps serving" + (
-            "; this request is computed again" if recompute else "; retry the request"
-        )
-        return QaicRunnerOutput(
-            req_ids=req_ids,
-            sampled_token_ids=[[] for _ in req_ids],
-            failed=dict.fromkeys(req_ids, message),
-            recompute=recompute,
-        )
+        return output
 
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
         raise RuntimeError("pooling models sample no tokens")
@@ -223,79 +192,10 @@ def _head(model_config: Any, task: str) -> Any:
             head_dtype=model_config.head_dtype,
             activation=resolve_classifier_act_fn(model_config, static_num_labels=False),
         )
-    from vllm.model_executor.models.adapters import _load_st_projector
+    from qaic_vllm.compat.models import load_st_projector
 
     return EmbeddingPoolerHead(
-        projector=_load_st_projector(model_config),
+        projector=load_st_projector(model_config),
         head_dtype=model_config.head_dtype,
         activation=PoolerNormalize(),
     )
-
-
-class QaicPoolingScheduler(QaicScheduler):
-    """vLLM's own scheduling (whole prompts, up to the batch): no one-prefill-at-a-time limit."""
-
-    def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
-        return Scheduler.schedule(self, throttle_prefills)
-
-
-class QaicPoolingWorker(QaicWorker):
-    """The Cloud AI worker for ``--runner pooling``: opens a :class:`PoolingModel` through the execution path."""
-
-    pooling_runner: PoolingModelRunner | None = None
-
-    def _load_model(self) -> None:
-        assert self.backend is not None and self.path is not None, "init_device() must run first"
-        task = pooling_task(self.vllm_config)
-        config = ExecutionConfig(
-            model_dir=model_dir_of(self.model_config.model),
-            settings=self.settings.compile,
-            device=self.backend,
-            qpc_path=self.settings.qpc_path,
-            dtype=self.settings.dtype,
-            progress=True,
-            options=OpenOptions(enable_debug_logs=lrt_debug()),
-            task=task,
-            pooling=pooling_settings(self.vllm_config),
-        )
-        start = time.perf_counter()
-        model = self.path.open(config)
-        self.compile_seconds = time.perf_counter() - start
-        if not isinstance(model, PoolingModel):
-            model.close()
-            raise QaicConfigError(
-                f"execution path {self.path.name!r} opened no pooling model for task {task}: choose the aot path"
-            )
-        log.info("qaic: %s pooling model ready in %.1fs", self.path.name, self.compile_seconds)
-        self.pooling_runner = PoolingModelRunner(self.vllm_config, model, task)
-
-    def initialize_from_config(self, kv_cache_config: Any) -> None:
-        blocks = int(kv_cache_config.num_blocks)
-        if blocks < self.settings.compile.decode_batch_size + 1:
-            raise RuntimeError(
-                f"vLLM allotted {blocks} KV blocks; Cloud AI needs max_num_seqs + 1 = "
-                f"{self.settings.compile.decode_batch_size + 1}"
-            )
-
-    def get_supported_tasks(self) -> tuple[str, ...]:
-        runner = self.pooling_runner
-        return runner.supported_tasks if runner is not None else (pooling_task(self.vllm_config),)
-
-    def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput | None:
-        runner = self.pooling_runner
-        assert runner is not None, "load_model() must run before execute_model()"
-        with fatal_reported("serving"):
-            return runner.execute_model(scheduler_output)
-
-    def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
-        raise RuntimeError("pooling models sample no tokens")
-
-    def take_draft_token_ids(self) -> None:
-        return None
-
-    def shutdown(self) -> None:
-        if self.tracer is not None:
-            self.tracer.stop()
-        if self.pooling_runner is not None:
-            self.pooling_runner.close()
-        self.pooling_runner = None
