@@ -63,6 +63,7 @@ def refusal(scope: Scope) -> str | None:
     if path.rstrip("/") not in GENERATION_PATHS:
         return None
     app = scope.get("app")
+    # Any ASGI app may sit here (a test's, another middleware's): only vLLM's carries a vllm_config.
     vllm_config = getattr(getattr(app, "state", None), "vllm_config", None)
     model_config = getattr(vllm_config, "model_config", None)
     if getattr(model_config, "runner_type", None) != "pooling":

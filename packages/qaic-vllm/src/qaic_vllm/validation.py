@@ -32,6 +32,7 @@ def validate_model(vllm_config: VllmConfig, path: ExecutionPath) -> None:
         )
     if model_config.use_mla:
         raise QaicConfigError("MLA attention models (DeepSeek V2/V3 style) are not supported on Cloud AI")
+    # A Hugging Face config may have no ``architectures`` (or no position limit below): read with a default.
     archs = list(getattr(model_config.hf_config, "architectures", None) or model_config.architectures or [])
     supported = path.pooling_architectures if pooling else path.architectures
     if not pooling and (not archs or not any(a in supported for a in archs)):
