@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from pathlib import Path
@@ -95,9 +96,15 @@ def shaped_like(tiny_model: Path, out: Path, **config: Any) -> Path:
 def test_the_eager_mode_leaves_vllms_scheduler_and_prefix_caching_on(tiny_model: Path) -> None:
     vllm_config = start(tiny_model)
     assert vllm_config.parallel_config.worker_cls == "qaic_vllm.worker.QaicPagedWorker"
-    assert vllm_config.scheduler_config.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler") or (
-        "Qaic" not in str(vllm_config.scheduler_config.scheduler_cls)
-    )
+    # vLLM's own scheduling: the eager mode's scheduler adds the device-fault policy and nothing else.
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from qaic_vllm.scheduler import QaicPagedScheduler, QaicScheduler
+
+    assert vllm_config.scheduler_config.scheduler_cls == "qaic_vllm.scheduler.QaicPagedScheduler"
+    plan = QaicPagedScheduler._schedule
+    assert plan is not QaicScheduler._schedule and "Scheduler.schedule(self" in inspect.getsource(plan)
+    assert issubclass(QaicPagedScheduler, Scheduler)
     assert vllm_config.cache_config.enable_prefix_caching
     assert vllm_config.cache_config.block_size == 16
     assert vllm_config.cache_config.num_gpu_blocks_override is None

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qaic_core.descriptors import DeviceBackend
 from qaic_core.errors import QaicConfigError
+from qaic_core.execution import GENERATE, ExecutionConfig, OpenOptions, PoolingSettings
 from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings
 from qaic_vllm import envs
 from qaic_vllm.overrides import PARTIAL_PREFILLS, partial_prefills, read_overrides
@@ -54,6 +56,32 @@ class EngineSettings:
     """The qaic-core execution path that opens the model (``aot``: a compiled program)."""
     max_num_partial_prefills: int = 1
     """Requests the scheduler lets be in prefill at once (``override_qaic_config``)."""
+    model_loader: str | None = None
+    """The model loader chosen by name (``--additional-config`` ``model_loader``); None: the path's own."""
+    session_factory: str | None = None
+    """The device-session factory chosen by name (``--additional-config`` ``session_factory``)."""
+
+    def execution_config(
+        self,
+        model: str,
+        device: DeviceBackend,
+        options: OpenOptions | None = None,
+        task: str = GENERATE,
+        pooling: PoolingSettings | None = None,
+    ) -> ExecutionConfig:
+        """What an execution path opens (or checks) for this engine: its shapes on ``device``."""
+        return ExecutionConfig(
+            model_dir=model_dir_of(model),
+            settings=self.compile,
+            device=device,
+            qpc_path=self.qpc_path,
+            dtype=self.dtype,
+            options=options or OpenOptions(),
+            task=task,
+            pooling=pooling,
+            loader=self.model_loader,
+            session=self.session_factory,
+        )
 
 
 def execution_path_of(vllm_config: VllmConfig | None) -> str:
@@ -201,7 +229,37 @@ def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> E
         dtype=dtype,
         execution_path=execution_path_of(vllm_config),
         max_num_partial_prefills=partial,
+        model_loader=plugin_choice(vllm_config, MODEL_LOADER_KEY),
+        session_factory=plugin_choice(vllm_config, SESSION_FACTORY_KEY),
     )
+
+
+MODEL_LOADER_KEY = "model_loader"
+"""``--additional-config`` key naming the model loader (``qaic_model_loaders``); else ``QAIC_MODEL_LOADER``."""
+SESSION_FACTORY_KEY = "session_factory"
+"""``--additional-config`` key naming the session factory (``qaic_session_factories``); else ``QAIC_SESSION_FACTORY``."""
+
+
+def plugin_choice(vllm_config: VllmConfig, key: str) -> str | None:
+    """A plugin named by ``--additional-config`` ``key``; None leaves the choice to the environment and the path."""
+    raw = vllm_config.additional_config.get(key) if isinstance(vllm_config.additional_config, dict) else None
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        raise QaicConfigError(
+            f"--additional-config {key} must name a registered plugin as a string, got {raw!r}"
+        )
+    from qaic_core import get_plugin_manager
+
+    pm = get_plugin_manager()
+    installed = pm.model_loaders() if key == MODEL_LOADER_KEY else pm.session_factories()
+    name = raw.strip()
+    if name not in installed:
+        raise QaicConfigError(
+            f"--additional-config {key} {name!r} is not installed; installed: {', '.join(sorted(installed)) or 'none'} "
+            "(drop the key to use the execution path's own)"
+        )
+    return name
 
 
 def model_dir_of(model: str) -> Path:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import ExecutionConfig, OpenOptions
+from qaic_core.execution import OpenOptions
 from qaic_vllm import envs
 from qaic_vllm.config import EXECUTION_MODE_KEY, OVERRIDE_KEY, engine_settings
 from qaic_vllm.overrides import PARTIAL_PREFILLS
@@ -92,13 +91,8 @@ def configure_paged(vllm_config: VllmConfig, path: ExecutionPath) -> None:
         pm = get_plugin_manager()
         try:
             path.check(
-                ExecutionConfig(
-                    model_dir=Path(model_config.model),
-                    settings=settings.compile,
-                    device=pm.select_device_backend(),
-                    qpc_path=settings.qpc_path,
-                    dtype=settings.dtype,
-                    options=OpenOptions(vllm_config=vllm_config),
+                settings.execution_config(
+                    model_config.model, pm.select_device_backend(), OpenOptions(vllm_config=vllm_config)
                 )
             )
         except QaicConfigError as exc:
@@ -114,14 +108,7 @@ def configure_paged(vllm_config: VllmConfig, path: ExecutionPath) -> None:
         log.info("qaic: async scheduling is off: not supported in the pyt (eager) execution mode")
     sched.async_scheduling = False
 
-    from vllm.config import CompilationMode
-    from vllm.config.compilation import CUDAGraphMode
-
-    comp = vllm_config.compilation_config
-    comp.mode = CompilationMode.NONE
-    comp.cudagraph_capture_sizes = []
-    comp.cudagraph_mode = CUDAGraphMode.NONE
-    model_config.enforce_eager = True
+    run_eagerly(vllm_config)
 
     cache = vllm_config.cache_config
     if not cache.user_specified_block_size:
@@ -136,3 +123,15 @@ def configure_paged(vllm_config: VllmConfig, path: ExecutionPath) -> None:
         sched.max_num_batched_tokens,
         settings.dtype,
     )
+
+
+def run_eagerly(vllm_config: VllmConfig) -> None:
+    """No torch.compile and no graph capture: a Cloud AI device runs programs or eager steps, not CUDA graphs."""
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+
+    comp = vllm_config.compilation_config
+    comp.mode = CompilationMode.NONE
+    comp.cudagraph_capture_sizes = []
+    comp.cudagraph_mode = CUDAGraphMode.NONE
+    vllm_config.model_config.enforce_eager = True

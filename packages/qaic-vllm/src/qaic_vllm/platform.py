@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,7 +13,7 @@ from qaic_core import get_plugin_manager
 from qaic_core.descriptors import AttentionBackend, ExecutionPath
 from qaic_core.env import QAIC_VISIBLE_DEVICES, env_flag
 from qaic_core.errors import QaicConfigError
-from qaic_core.execution import PAGED_KV, ExecutionConfig
+from qaic_core.execution import PAGED_KV
 from qaic_vllm import envs
 from qaic_vllm.compat import probe_all
 from qaic_vllm.compat.arguments import accept_option_value
@@ -201,15 +200,7 @@ class QaicPlatform(Platform):
         settings, spec = with_speculation(vllm_config, engine_settings(vllm_config, choose_shape=True))
         apply_shape(vllm_config, settings.compile)
         if path.check is not None:
-            path.check(
-                ExecutionConfig(
-                    model_dir=Path(model_config.model),
-                    settings=settings.compile,
-                    device=pm.select_device_backend(),
-                    qpc_path=settings.qpc_path,
-                    dtype=settings.dtype,
-                )
-            )
+            path.check(settings.execution_config(model_config.model, pm.select_device_backend()))
         prefill = settings.compile.prefill_seq_len
         full_batch = settings.compile.decode_batch_size
         decode_tokens = full_batch * settings.compile.decode_seq_len  # 1 + K per row with speculation
@@ -232,14 +223,9 @@ class QaicPlatform(Platform):
         if sched.max_num_scheduled_tokens is not None:
             sched.max_num_scheduled_tokens = max(int(sched.max_num_scheduled_tokens), budget)
 
-        from vllm.config import CompilationMode
-        from vllm.config.compilation import CUDAGraphMode
+        from qaic_vllm.paged_config import run_eagerly
 
-        comp = vllm_config.compilation_config
-        comp.mode = CompilationMode.NONE
-        comp.cudagraph_capture_sizes = []
-        comp.cudagraph_mode = CUDAGraphMode.NONE
-        model_config.enforce_eager = True
+        run_eagerly(vllm_config)
 
         cache = vllm_config.cache_config
         if cache.enable_prefix_caching:

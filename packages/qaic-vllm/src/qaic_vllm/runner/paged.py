@@ -26,29 +26,16 @@ from qaic_core.errors import QaicRuntimeError
 from qaic_core.execution import PagedBatch, PagedStepModel
 from qaic_core.observe import StepRecord
 from qaic_vllm.runner.containment import FaultContainment
+from qaic_vllm.runner.requests import PagedRequests
 from qaic_vllm.runner.sample import apply_grammar_bitmask, logprobs_layout, row_logprobs
 from qaic_vllm.runner_output import QaicRunnerOutput
 from qaic_vllm.sampling import HostSampler
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.sched.output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 
 log = logging.getLogger("qaic.vllm.runner")
-
-
-@dataclass
-class PagedRequest:
-    """What the runner keeps per request between steps."""
-
-    req_id: str
-    row: int
-    """The request's row in the host sampler."""
-    token_ids: list[int]
-    num_computed: int
-    block_ids: list[int]
-    params: SamplingParams | None
 
 
 @dataclass
@@ -71,63 +58,12 @@ class PagedModelRunner:
         self.max_num_reqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = model.shape.vocab_size
-        self.requests: dict[str, PagedRequest] = {}
-        self.free_rows = list(range(self.max_num_reqs - 1, -1, -1))
         self.sampler = HostSampler(vllm_config, self.max_num_reqs, self.max_model_len, self.vocab_size)
+        self.requests = PagedRequests(self.max_num_reqs, self.sampler)
         self.observers = get_plugin_manager().observers()
         self.containment = FaultContainment(model.recover)
         self.pending: tuple[PagedStep, np.ndarray] | QaicRunnerOutput | None = None
         """A step waiting for ``sample_tokens`` (structured output), or its fault."""
-
-    # -- request bookkeeping ------------------------------------------------------------------
-    def _remove(self, req_id: str) -> None:
-        state = self.requests.pop(req_id, None)
-        if state is not None:
-            self.sampler.remove_request(state.row)
-            self.free_rows.append(state.row)
-
-    def _add_new(self, new_reqs: list[NewRequestData]) -> None:
-        for new in new_reqs:
-            self._remove(new.req_id)
-            if not self.free_rows:
-                raise RuntimeError(
-                    f"request {new.req_id} arrived with {self.max_num_reqs} requests already held "
-                    "(more than --max-num-seqs)"
-                )
-            row = self.free_rows.pop()
-            tokens = list(new.prefill_token_ids or new.prompt_token_ids or [])
-            prompt_len = len(new.prompt_token_ids or tokens)
-            self.requests[new.req_id] = PagedRequest(
-                req_id=new.req_id,
-                row=row,
-                token_ids=tokens,
-                num_computed=int(new.num_computed_tokens),
-                block_ids=list(new.block_ids[0]) if new.block_ids else [],
-                params=new.sampling_params,
-            )
-            if new.sampling_params is not None:
-                self.sampler.add_request(row, prompt_len, tokens, new.sampling_params)
-
-    def _update_cached(self, cached: CachedRequestData) -> None:
-        for i, req_id in enumerate(cached.req_ids):
-            state = self.requests.get(req_id)
-            if state is None:
-                continue
-            state.num_computed = int(cached.num_computed_tokens[i])
-            new_blocks = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
-            if new_blocks:
-                state.block_ids.extend(new_blocks[0])
-            new_tokens = cached.new_token_ids[i] if i < len(cached.new_token_ids) else []
-            if new_tokens:  # only sent when the runner did not sample them itself (pipeline parallel)
-                state.token_ids.extend(t for t in new_tokens if t is not None)
-
-    def update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.finished_req_ids:
-            self._remove(req_id)
-        for req_id in so.preempted_req_ids or ():
-            self._remove(req_id)
-        self._add_new(so.scheduled_new_reqs)
-        self._update_cached(so.scheduled_cached_reqs)
 
     # -- planning -----------------------------------------------------------------------------
     def plan(self, so: SchedulerOutput) -> PagedStep:
@@ -179,7 +115,7 @@ class PagedModelRunner:
             return self._execute(so)
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
-        self.update_states(so)
+        self.requests.update(so)
         if not so.num_scheduled_tokens:
             return ModelRunnerOutput(req_ids=[])
         step = self.plan(so)
@@ -192,8 +128,7 @@ class PagedModelRunner:
                 self.pending = failed
                 return None
             return failed
-        for req_id, n in so.num_scheduled_tokens.items():
-            self.requests[req_id].num_computed += int(n)
+        self.requests.advance(so.num_scheduled_tokens)
         if self.observers:
             self.observers.step(StepRecord(step.decode_rows, step.prefill_tokens, running))
         if so.has_structured_output_requests:
@@ -205,7 +140,7 @@ class PagedModelRunner:
         """A run failed: the reload loses every KV block, so every request held pays, not only the step's."""
         output = self.containment.contain(exc, req_ids, list(self.requests))
         for req_id in output.failed:
-            self._remove(req_id)
+            self.requests.remove(req_id)
         return output
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:

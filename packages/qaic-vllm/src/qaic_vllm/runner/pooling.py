@@ -32,14 +32,15 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.pooling_params import PoolingParams
 
-log = logging.getLogger("qaic.vllm.pooling")
-
 
 @dataclass
 class PoolingRequest:
     req_id: str
     token_ids: list[int]
     params: PoolingParams
+
+
+log = logging.getLogger("qaic.vllm.pooling")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from qaic_core.execution import (
     PoolingSettings,
     StepModel,
 )
-from qaic_vllm.config import EngineSettings, engine_settings, model_dir_of
+from qaic_vllm.config import EngineSettings, engine_settings
 from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
 from qaic_vllm.faults import fatal_reported
 from qaic_vllm.platform import configure_logging
@@ -124,17 +124,7 @@ class QaicWorkerBase(WorkerBase):
     ) -> ExecutionConfig:
         """What the execution path opens: the engine's shapes on the selected device backend."""
         assert self.backend is not None
-        return ExecutionConfig(
-            model_dir=model_dir_of(self.model_config.model),
-            settings=self.settings.compile,
-            device=self.backend,
-            qpc_path=self.settings.qpc_path,
-            dtype=self.settings.dtype,
-            progress=True,
-            options=options or OpenOptions(),
-            task=task,
-            pooling=pooling,
-        )
+        return self.settings.execution_config(self.model_config.model, self.backend, options, task, pooling)
 
     def open_path(self, config: ExecutionConfig) -> StepModel | PagedStepModel | PoolingModel:
         """Open the model through the selected execution path, timed."""
@@ -145,10 +135,11 @@ class QaicWorkerBase(WorkerBase):
         log.info("qaic: %s model ready in %.1fs", self.path.name, self.compile_seconds)
         return model
 
-    def refuse(self, model: StepModel | PagedStepModel | PoolingModel, why: str) -> NoReturn:
-        """The path opened a kind of model this worker does not step: close it and say which path to choose."""
+    def refuse(self, model: StepModel | PagedStepModel | PoolingModel, opened: str, fix: str) -> NoReturn:
+        """The path opened a kind of model this worker does not step: close it and say what to choose."""
         model.close()
-        raise QaicConfigError(why)
+        assert self.path is not None
+        raise QaicConfigError(f"execution path {self.path.name!r} opened {opened}: {fix}")
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         return CompilationTimes(language_model=self.compile_seconds, encoder=0.0)

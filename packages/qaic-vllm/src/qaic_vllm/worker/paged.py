@@ -36,9 +36,7 @@ class QaicPagedWorker(QaicWorkerBase):
         model = self.open_path(self.execution_config(OpenOptions(vllm_config=self.vllm_config)))
         if not isinstance(model, PagedStepModel):
             self.refuse(
-                model,
-                f"execution path {self.path.name!r} opened a slot-layout model for the paged worker: "
-                "its descriptor must not claim paged_kv",
+                model, "a slot-layout model for the paged worker", "its descriptor must not claim paged_kv"
             )
         self.paged_model = model
         return PagedModelRunner(self.vllm_config, model)

@@ -24,10 +24,7 @@ class QaicPoolingWorker(SlotKVWorker):
         )
         model = self.open_path(config)
         if not isinstance(model, PoolingModel):
-            self.refuse(
-                model,
-                f"execution path {self.path.name!r} opened no pooling model for task {task}: choose the aot path",
-            )
+            self.refuse(model, f"no pooling model for task {task}", "choose the aot path")
         return PoolingModelRunner(self.vllm_config, model, task)
 
     def get_supported_tasks(self) -> tuple[str, ...]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
@@ -24,19 +23,10 @@ log = logging.getLogger("qaic.vllm.worker")
 class QaicWorker(SlotKVWorker):
     """One worker per device group: the program's slots hold each sequence's KV on the device."""
 
-    def __init__(
-        self,
-        vllm_config: VllmConfig,
-        local_rank: int,
-        rank: int,
-        distributed_init_method: str,
-        is_driver_worker: bool = False,
-    ) -> None:
-        self.spec: SpecSettings | None = None
-        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
-        self.step_model: StepModel | None = None
-        self.kv_transfer: kv_transfer.ConnectorDriver | None = None
-        """The KV connector ``--kv-transfer-config`` selects (disaggregated prefill and decode)."""
+    spec: SpecSettings | None = None
+    step_model: StepModel | None = None
+    kv_transfer: kv_transfer.ConnectorDriver | None = None
+    """The KV connector ``--kv-transfer-config`` selects (disaggregated prefill and decode)."""
 
     def engine_settings(self) -> EngineSettings:
         """The target's settings once speculative decoding has claimed its share of the shapes."""
@@ -46,15 +36,13 @@ class QaicWorker(SlotKVWorker):
     def open_model(self) -> SlotModelRunner:
         """Open the step model: for ``aot``, compile for the engine's shapes (cached) or check a prebuilt QPC."""
         assert self.path is not None
-        config = self.execution_config(
-            OpenOptions(enable_debug_logs=lrt_debug())
-        )  # VLLM_QAIC_ENABLE_LRT_DEBUG
+        config = self.execution_config(OpenOptions(enable_debug_logs=lrt_debug()))
         model = self.open_path(config)
         if not isinstance(model, StepModel):
             self.refuse(
                 model,
-                f"execution path {self.path.name!r} opened a paged-KV model, which this worker does not serve "
-                "yet: choose the aot execution path",
+                "a paged-KV model, which this worker does not serve yet",
+                "choose the aot execution path",
             )
         self.step_model = model
         proposer = self.open_proposer(model, config)
