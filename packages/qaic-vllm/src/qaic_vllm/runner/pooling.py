@@ -173,10 +173,9 @@ def plan_runs(lengths: Sequence[int], seq_lens: Sequence[int], batch: int) -> li
 
 def _seq_pooling_type(model_config: Any) -> str:
     pooler = model_config.pooler_config
-    try:
-        return str(pooler.get_seq_pooling_type()) if pooler is not None else "MEAN"
-    except Exception:
-        return str(getattr(pooler, "seq_pooling_type", None) or "MEAN")
+    if pooler is None or pooler.seq_pooling_type is None:  # not resolved: vLLM's default
+        return "MEAN"
+    return str(pooler.seq_pooling_type)
 
 
 def _head(model_config: Any, task: str) -> Any:
@@ -188,8 +187,8 @@ def _head(model_config: Any, task: str) -> Any:
         pooler = model_config.pooler_config
         return ClassifierPoolerHead(
             classifier=None,  # the classification head runs in the program
-            logit_mean=getattr(pooler, "logit_mean", None),
-            logit_sigma=getattr(pooler, "logit_sigma", None),
+            logit_mean=pooler.logit_mean if pooler is not None else None,
+            logit_sigma=pooler.logit_sigma if pooler is not None else None,
             head_dtype=model_config.head_dtype,
             activation=resolve_classifier_act_fn(model_config, static_num_labels=False),
         )
