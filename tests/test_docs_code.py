@@ -192,3 +192,36 @@ def test_the_class_check_can_fail() -> None:
     ours = class_names_in_source()
     assert "QaicWorker" in ours and "AotModelRunner" not in ours
     assert CHECKED_CLASS.fullmatch("AotModelRunner") and ARCHITECTURE_NAME.fullmatch("GPT2LMHeadModel")
+
+
+DOTTED = re.compile(r"`(qaic_[a-z_]+(?:\.[A-Za-z_][A-Za-z_0-9]*)+)(?:\(\))?`")
+FILE_SUFFIXES = (".json", ".yaml", ".yml", ".txt", ".bin", ".md")
+
+
+def _resolves(dotted: str) -> bool:
+    """``qaic_x.module.Name`` names an importable module and, after it, attributes that exist."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_dotted_names_in_the_docs_exist() -> None:
+    """A module, class or function the docs name by its dotted path (``qaic_vllm.runner.paged.PagedModelRunner``) exists."""
+    missing = sorted(
+        {
+            f"{doc.name}: {name}"
+            for doc in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+            for name in DOTTED.findall(doc.read_text())
+            if not name.endswith(FILE_SUFFIXES) and not _resolves(name)
+        }
+    )
+    assert not missing, f"the docs name what the code does not have: {missing}"
