@@ -38,6 +38,7 @@ def _vllm_config(shape: ServeShape, dtype: str) -> SimpleNamespace:
             max_num_seqs=shape.max_num_seqs, long_prefill_token_threshold=shape.prefill_seq_len
         ),
         cache_config=SimpleNamespace(cache_dtype="auto"),
+        speculative_config=None,  # a VllmConfig always has it (None without --speculative-config)
     )
 
 
