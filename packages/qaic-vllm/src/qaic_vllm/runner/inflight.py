@@ -140,7 +140,9 @@ class InflightStep(AsyncModelRunnerOutput):
         return self.output
 
     def get_output(self) -> ModelRunnerOutput:
-        return self.resolve()
+        """vLLM reads the output (on the multiprocess worker's output thread): after any step running now."""
+        with self.pipeline.lock:
+            return self.resolve()
 
     def get_kv_connector_output(self) -> None:
         return None

@@ -7,10 +7,15 @@ the next step while the device runs this one; the next ``execute`` first finishe
 flight (its sampled tokens are the next decode's inputs). In vLLM's steady state (the same requests
 decode again) the next decode is prepared before the step in flight ends and started as soon as
 its tokens are drawn.
+
+vLLM's multiprocess executor (data parallelism, or ``--distributed-executor-backend mp``) reads an
+asynchronous output on its own thread while the next ``execute_model`` runs: :attr:`SlotPipeline.lock`
+makes the two take turns, as they do in one thread under the single-process executor.
 """
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -59,6 +64,9 @@ class SlotPipeline:
         """A synchronous step waiting for ``sample_tokens`` (structured output), or its fault."""
         self.inflight: InflightStep | None = None
         """The step started under asynchronous scheduling and not yet read."""
+        self.lock = threading.RLock()
+        """Held by each step and by reading a step's output: vLLM's multiprocess worker reads outputs
+        on another thread than the one that runs the next step."""
 
     # -- what the steps in flight call back ----------------------------------------------------
     def contain(self, exc: QaicRuntimeError, req_ids: list[str]) -> QaicRunnerOutput:
@@ -85,8 +93,11 @@ class SlotPipeline:
 
     # -- steps ---------------------------------------------------------------------------------
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
-        if not self.async_scheduling:
-            return self._execute(so)
+        with self.lock:
+            return self._execute(so) if not self.async_scheduling else self._execute_next(so)
+
+    def _execute_next(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        """An asynchronous step: finish the step in flight (its tokens are this one's inputs), start this one."""
         fault: QaicRunnerOutput | None = None
         prepared: NextDecode | None = None
         previous = self.inflight
@@ -137,6 +148,12 @@ class SlotPipeline:
 
         With asynchronous scheduling: an output that finishes the step when vLLM reads it.
         """
+        with self.lock:
+            return self._sample_tokens(grammar_output)
+
+    def _sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         if self.async_scheduling:
             if self.inflight is None or self.inflight.sampled:
                 raise RuntimeError("sample_tokens() called without a pending execute_model() step")
