@@ -246,10 +246,13 @@ def ensure_compiled(
     ``write_inputs(onnx_path, out_dir)`` writes the compiler's input files and returns its argv
     (``write_compile_inputs``, a causal LM's, by default).
     """
+    observers = get_plugin_manager().observers()
     with cache.locked(cdir):
         if compiled_reusable(cdir, backend):
             log.info("reusing compiled program %s", cdir)
+            observers.program_compiled(cached=True, seconds=0.0)
             return cdir
+        started = time.monotonic()
 
         def build(tmp: Path) -> None:
             if write_inputs is not None:
@@ -280,6 +283,7 @@ def ensure_compiled(
             integrity.seal(tmp, "compile", recursive=True)  # last: the completion marker
 
         cache.build_dir_atomically(cdir, build)
+        observers.program_compiled(cached=False, seconds=time.monotonic() - started)
     log.info("compiled program ready at %s", cdir)
     return cdir
 

@@ -1,4 +1,4 @@
-"""Observers: how tools (benchmarks, tests, profilers) see sessions and serving steps.
+"""Observers: how tools (benchmarks, tests, profilers, metrics) see sessions, serving steps, compiles and faults.
 
 An observer subclasses :class:`Observer` and overrides what it needs; every method is a no-op
 by default. It is registered through the ``qaic_observers`` hook, for example by registering a
@@ -51,6 +51,15 @@ class Observer:
     def step(self, record: StepRecord) -> None:
         """A serving step finished."""
 
+    def program_compiled(self, cached: bool, seconds: float) -> None:
+        """A program was wanted: taken from the compile cache (``cached``) or compiled in ``seconds``."""
+
+    def device_fault(self, kind: str) -> None:
+        """A device run failed; ``kind`` is the runtime status' name in lower case (``dev_error``, ``timedout``)."""
+
+    def program_reloaded(self) -> None:
+        """The program was loaded onto its devices again after a fault."""
+
 
 class Observers(Observer):
     """Several observers behind one; what the stack calls so callers need no loop or None check."""
@@ -76,6 +85,18 @@ class Observers(Observer):
     def step(self, record: StepRecord) -> None:
         for observer in self.observers:
             observer.step(record)
+
+    def program_compiled(self, cached: bool, seconds: float) -> None:
+        for observer in self.observers:
+            observer.program_compiled(cached, seconds)
+
+    def device_fault(self, kind: str) -> None:
+        for observer in self.observers:
+            observer.device_fault(kind)
+
+    def program_reloaded(self) -> None:
+        for observer in self.observers:
+            observer.program_reloaded()
 
     def timed(self, name: str) -> AbstractContextManager[object]:
         """A block whose wall time is reported as phase ``name``, also when it raises (untimed without observers)."""

@@ -33,4 +33,7 @@ def register() -> str | None:
         envs.register_with_vllm()
     except ImportError:
         pass
+    from qaic_vllm.metrics import serve_card_metrics
+
+    serve_card_metrics()  # the card's series on the API server's /metrics
     return PLATFORM_CLS

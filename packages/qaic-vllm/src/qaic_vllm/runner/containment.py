@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from qaic_core import get_plugin_manager
 from qaic_core.errors import QaicRuntimeError
+from qaic_core.types import QStatus
 from qaic_vllm.faults import FaultBudget, FaultSettings, QaicFatalError
 from qaic_vllm.runner_output import QaicRunnerOutput
 
@@ -24,6 +26,7 @@ class FaultContainment:
         self.recover = recover
         self.what = what
         self.budget = FaultBudget(FaultSettings.from_env())
+        self.observers = get_plugin_manager().observers()
 
     @property
     def recompute(self) -> bool:
@@ -38,11 +41,13 @@ class FaultContainment:
         cause = str(exc).splitlines()[0]
         affected = list(dict.fromkeys([*req_ids, *held]))
         log.error("qaic: device fault: %s; %d %s(s) affected", cause, len(affected), self.what)
+        self.observers.device_fault(fault_kind(exc))
         self.budget.record(cause)
         try:
             self.recover()
         except Exception as again:
             raise QaicFatalError(f"the device did not come back after '{cause}': {again}") from again
+        self.observers.program_reloaded()
         recompute = self.recompute
         message = f"Cloud AI device fault: {cause}; the device was reloaded and the server keeps serving" + (
             "; this request is computed again" if recompute else "; retry the request"
@@ -59,3 +64,11 @@ class FaultContainment:
             failed=dict.fromkeys(affected, message),
             recompute=recompute,
         )
+
+
+def fault_kind(exc: QaicRuntimeError) -> str:
+    """The fault's kind for metrics: the runtime status' name in lower case, ``unknown`` without one."""
+    try:
+        return QStatus(exc.status).name.lower() if exc.status is not None else "unknown"
+    except ValueError:
+        return f"status_{exc.status}"

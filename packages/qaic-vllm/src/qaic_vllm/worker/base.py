@@ -29,8 +29,10 @@ from qaic_core.execution import (
     StepModel,
 )
 from qaic_vllm.config import EngineSettings, engine_settings
+from qaic_vllm.data_parallel import replica_note
 from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
 from qaic_vllm.faults import fatal_reported
+from qaic_vllm.metrics import CardMetrics, start_card_metrics, stop_card_metrics
 from qaic_vllm.platform import configure_logging
 from qaic_vllm.profiling import IterationTracer
 from qaic_vllm.torch_device import name_device_type, neutralise_accelerator
@@ -70,6 +72,7 @@ class QaicWorkerBase(WorkerBase):
         self.path: ExecutionPath | None = None
         self.compile_seconds = 0.0
         self.tracer: IterationTracer | None = None
+        self.card_metrics: CardMetrics | None = None
 
     def engine_settings(self) -> EngineSettings:
         """The compile shapes and options this engine runs with (checked at configuration time)."""
@@ -108,6 +111,10 @@ class QaicWorkerBase(WorkerBase):
             self.path.package,
         )
         self.tracer = IterationTracer(self.backend, self.vllm_config.profiler_config.torch_profiler_dir)
+        note = replica_note(self.vllm_config, self.settings.compile.device_group)
+        if note:
+            log.info("%s", note)
+        self.card_metrics = start_card_metrics(self.vllm_config, self.settings.compile, self.backend)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         """Open the role's model and its runner (for ``aot``: compile for the engine's shapes, cached)."""
@@ -195,6 +202,7 @@ class QaicWorkerBase(WorkerBase):
         return set()
 
     def shutdown(self) -> None:
+        stop_card_metrics(self.card_metrics)
         if self.tracer is not None:
             self.tracer.stop()
         if self.runner is not None:

@@ -1,0 +1,343 @@
+"""The card's own series on vLLM's ``/metrics``: device busy fraction, runs, faults, reloads, compile cache.
+
+vLLM V1 runs each engine core (one per data-parallel rank) in its own process, away from the API
+server that answers ``/metrics``. Each engine core's worker keeps a :class:`CardMetrics` (an
+observer registered through the ``qaic_observers`` hook, so the stack reports to it without being
+patched) and writes a small snapshot file for its device group into ``QAIC_METRICS_DIR`` once a
+second. The API server registers :class:`CardMetricsCollector` with ``prometheus_client``'s
+default registry, the one vLLM serves ``/metrics`` from, and reads every snapshot at each scrape.
+Nothing of vLLM's is patched: the collector is prometheus_client's public custom-collector interface.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import REGISTRY, Collector
+
+from qaic_core import get_plugin_manager, hookimpl
+from qaic_core.descriptors import DeviceBackend
+from qaic_core.observe import Observer, StepRecord
+from qaic_core.resources import group_ids
+from qaic_core.settings import CompileSettings
+from qaic_core.types import QStatus
+
+log = logging.getLogger("qaic.vllm.metrics")
+
+QAIC_METRICS_DIR = "QAIC_METRICS_DIR"
+"""Where engine cores write their snapshots and the API server reads them (a temporary folder by default)."""
+WRITE_INTERVAL_S = 1.0
+LABELS = ("dp_rank", "device_group")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One exported series: its name as Prometheus shows it, its type and what it measures."""
+
+    name: str
+    kind: str
+    help: str
+    key: str
+    """The snapshot field it is read from."""
+
+
+SERIES = (
+    Series("qaic_device_busy_fraction", "gauge", "Modelled device time over wall time in the last second (decays to 0 when idle)", "busy"),
+    Series("qaic_device_runs_total", "counter", "Device runs handed over by this engine", "runs"),
+    Series("qaic_device_modelled_seconds_total", "counter", "Device time by the runtime's counters (modelled on the simulator)", "device_s"),
+    Series("qaic_device_wall_seconds_total", "counter", "Wall time of device runs by the runtime's counters", "wall_s"),
+    Series("qaic_kv_retained_bytes", "gauge", "KV bytes the device retains for the requests held (a full context each)", "kv_bytes"),
+    Series("qaic_device_faults_total", "counter", "Device faults, by kind (the runtime status)", "faults"),
+    Series("qaic_program_reloads_total", "counter", "Program reloads after a device fault", "reloads"),
+    Series("qaic_compile_cache_hits_total", "counter", "Programs taken from the compile cache", "cache_hits"),
+    Series("qaic_compile_cache_misses_total", "counter", "Programs compiled because the cache had none", "cache_misses"),
+    Series("qaic_compile_seconds_total", "counter", "Seconds spent compiling programs", "compile_s"),
+)  # fmt: skip
+"""Every card series; the Grafana dashboard (docs/grafana/qaic-dashboard.json) uses exactly these."""
+
+
+def kv_bytes_per_request(vllm_config: Any) -> int:
+    """KV bytes one held request retains on the device: every layer's K and V over the whole context."""
+    model, parallel = vllm_config.model_config, vllm_config.parallel_config
+    layers = int(model.get_num_layers(parallel))
+    heads = int(model.get_num_kv_heads(parallel))
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    itemsize = int(model.dtype.itemsize) if cache_dtype == "auto" else 1  # fp8 / mxint8 KV: one byte
+    return 2 * layers * heads * int(model.get_head_size()) * int(model.max_model_len) * itemsize
+
+
+class CardMetrics(Observer):
+    """One engine core's device-group counters, written to ``QAIC_METRICS_DIR`` by a daemon thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        dp_rank: int,
+        device_group: Sequence[int],
+        backend: DeviceBackend | None = None,
+        kv_bytes_per_request: int = 0,
+        interval: float = WRITE_INTERVAL_S,
+    ) -> None:
+        self.labels = {"dp_rank": str(dp_rank), "device_group": ",".join(str(q) for q in device_group)}
+        self.path = Path(directory) / f"dp{dp_rank}-group{'-'.join(str(q) for q in device_group)}.json"
+        self.device_group = tuple(int(q) for q in device_group)
+        self.backend = backend
+        self.kv_per_request = kv_bytes_per_request
+        self.interval = interval
+        self.lock = threading.Lock()
+        self.writing = threading.Lock()
+        self._util: Any = None
+        self.counts: dict[str, float] = {
+            "runs": 0,
+            "reloads": 0,
+            "cache_hits": 0,
+            "cache_misses": 0,
+            "compile_s": 0.0,
+        }
+        self.faults: dict[str, int] = {}
+        self.kv_bytes = 0
+        self.last_step = self.step_seconds = 0.0
+        self.window = (time.time(), self.device_times()[0])
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="qaic-metrics", daemon=True)
+
+    # -- the stack reports here (the qaic_observers hook) ----------------------------------------
+    @hookimpl
+    def qaic_observers(self) -> list[Observer]:
+        return [self]
+
+    def run_submitted(self, inputs: Mapping[str, np.ndarray], exec_index: int, seconds: float) -> None:
+        with self.lock:
+            self.counts["runs"] += 1
+
+    def step(self, record: StepRecord) -> None:
+        self.last_step = time.monotonic()
+        self.kv_bytes = record.running * self.kv_per_request
+
+    def held_kv_bytes(self) -> int:
+        """The last step's held requests' KV; none once steps stopped (vLLM steps while any request is held)."""
+        quiet = time.monotonic() - self.last_step
+        return self.kv_bytes if quiet <= 2 * self.interval + 2 * self.step_seconds else 0
+
+    def phase(self, name: str, seconds: float) -> None:
+        if name == "runner":
+            self.step_seconds = seconds
+
+    def program_compiled(self, cached: bool, seconds: float) -> None:
+        with self.lock:
+            self.counts["cache_hits" if cached else "cache_misses"] += 1
+            self.counts["compile_s"] += seconds
+        self.write()
+
+    def device_fault(self, kind: str) -> None:
+        with self.lock:
+            self.faults[kind] = self.faults.get(kind, 0) + 1
+        self.write()
+
+    def program_reloaded(self) -> None:
+        with self.lock:
+            self.counts["reloads"] += 1
+        self.write()
+
+    # -- snapshots --------------------------------------------------------------------------------
+    def device_times(self) -> tuple[float, float]:
+        """(modelled, wall) device seconds so far, the mean over the group's QIDs (0 without counters)."""
+        if self.backend is None or not self.device_group:
+            return 0.0, 0.0
+        modelled = wall = 0.0
+        for qid in self.device_group:
+            try:
+                status, info = self.util().getPerformanceInfo(qid)
+            except (AttributeError, NotImplementedError):  # a runtime without performance counters
+                return 0.0, 0.0
+            if int(status) == QStatus.SUCCESS and info is not None:
+                modelled += float(getattr(info, "deviceTimeS", 0.0))
+                wall += float(getattr(info, "wallTimeS", 0.0))
+        return modelled / len(self.device_group), wall / len(self.device_group)
+
+    def util(self) -> Any:
+        if self._util is None:
+            assert self.backend is not None
+            self._util = self.backend.runtime().Util()
+        return self._util
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the collector reads: counters, and the busy window (start, device seconds in it)."""
+        now = time.time()
+        modelled, wall = self.device_times()
+        start, before = self.window
+        self.window = (now, modelled)
+        with self.lock:
+            return {
+                **self.counts,
+                "labels": self.labels,
+                "faults": dict(self.faults),
+                "kv_bytes": self.held_kv_bytes(),
+                "device_s": modelled,
+                "wall_s": wall,
+                "window_start": start,
+                "window_device_s": max(modelled - before, 0.0),
+                "written": now,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            }
+
+    def write(self) -> None:
+        """Replace the snapshot file atomically, so a scrape never reads half of one."""
+        try:
+            with self.writing:
+                data = json.dumps(self.snapshot())
+                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(data)
+                os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("qaic: cannot write card metrics to %s: %s", self.path, exc)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.write()
+
+    def start(self) -> CardMetrics:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.write()
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+        self.write()
+
+
+def start_card_metrics(vllm_config: Any, settings: CompileSettings, backend: DeviceBackend) -> CardMetrics:
+    """The worker's metrics for its device group, registered with the plugin manager before the model opens.
+
+    The data-parallel rank is vLLM's (``parallel_config.data_parallel_rank``, 0 without data
+    parallelism); the device group is the QIDs the engine's program runs on.
+    """
+    device_group = group_ids(settings.device_group, settings.num_devices)
+    rank = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
+    try:
+        per_request = kv_bytes_per_request(vllm_config)
+    except (AttributeError, TypeError, ValueError) as exc:
+        log.warning("qaic: KV bytes per request unknown (%s); qaic_kv_retained_bytes stays 0", exc)
+        per_request = 0
+    metrics = CardMetrics(metrics_dir(), rank, device_group, backend, per_request)
+    get_plugin_manager().register(metrics, name=f"qaic-card-metrics-{id(metrics)}")
+    return metrics.start()
+
+
+def stop_card_metrics(metrics: CardMetrics | None) -> None:
+    """Write the last snapshot and take the metrics out of the plugin manager."""
+    if metrics is None:
+        return
+    metrics.stop()
+    pm = get_plugin_manager()
+    if pm.is_registered(metrics):
+        pm.unregister(metrics)
+
+
+def metrics_dir() -> Path:
+    """``QAIC_METRICS_DIR``, made a fresh temporary folder (removed at exit) when unset.
+
+    The API server sets it before it starts the engine cores, so they inherit the same folder.
+    """
+    value = os.environ.get(QAIC_METRICS_DIR)
+    if value:
+        return Path(value)
+    folder = tempfile.mkdtemp(prefix="qaic-metrics-")
+    os.environ[QAIC_METRICS_DIR] = folder
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(folder, ignore_errors=True))
+    return Path(folder)
+
+
+class CardMetricsCollector(Collector):
+    """Yields :data:`SERIES` from every snapshot in the folder at each scrape."""
+
+    def __init__(self, directory: Path, clock: Any = time.time) -> None:
+        self.directory = Path(directory)
+        self.clock = clock
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Every snapshot in the folder but those a process of this host wrote and has since ended."""
+        found = []
+        host = socket.gethostname()
+        for path in sorted(self.directory.glob("dp*-group*.json")):
+            try:
+                snap = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                log.debug("qaic: skipping card metrics %s: %s", path, exc)
+                continue
+            if snap.get("host") != host or process_alive(int(snap.get("pid", 0))):
+                found.append(snap)
+        return found
+
+    def collect(self) -> Iterator[Metric]:
+        snapshots = self.snapshots()
+        now = self.clock()
+        for series in SERIES:
+            labels = [*LABELS, "kind"] if series.key == "faults" else list(LABELS)
+            family: GaugeMetricFamily | CounterMetricFamily
+            if series.kind == "gauge":
+                family = GaugeMetricFamily(series.name, series.help, labels=labels)
+            else:
+                family = CounterMetricFamily(series.name, series.help, labels=labels)
+            for snap in snapshots:
+                values = [snap["labels"][name] for name in LABELS]
+                if series.key == "faults":
+                    for kind, count in sorted(snap["faults"].items()):
+                        family.add_metric([*values, kind], float(count))
+                elif series.key == "busy":
+                    family.add_metric(values, busy_fraction(snap, now))
+                else:
+                    family.add_metric(values, float(snap[series.key]))
+            yield family
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def busy_fraction(snap: Mapping[str, Any], now: float) -> float:
+    """Device seconds in the snapshot's window over the time since the window began, in [0, 1].
+
+    Between snapshots the window grows with no device time added: an idle device decays to 0.
+    """
+    elapsed = max(now, float(snap["written"])) - float(snap["window_start"])
+    if elapsed <= 0:
+        return 0.0
+    return min(max(float(snap["window_device_s"]) / elapsed, 0.0), 1.0)
+
+
+_served: list[CardMetricsCollector] = []
+
+
+def serve_card_metrics() -> None:
+    """Register the collector with the registry vLLM's API server serves (once per process)."""
+    if _served:
+        return
+    collector = CardMetricsCollector(metrics_dir())
+    REGISTRY.register(collector)
+    _served.append(collector)
