@@ -15,6 +15,7 @@ from qaic_core.errors import QaicConfigError
 from qaic_core.execution import GENERATE, ExecutionConfig, OpenOptions, PoolingSettings
 from qaic_core.settings import MAX_CORES_PER_SOC, SETTINGS, CompileSettings
 from qaic_vllm import envs
+from qaic_vllm.data_parallel import replica_values
 from qaic_vllm.overrides import PARTIAL_PREFILLS, partial_prefills, read_overrides
 from qaic_vllm.prefill import prefill_shapes
 from qaic_vllm.sizing import device_cores, fit_shape, group_devices
@@ -123,8 +124,9 @@ def prefill_seq_len_of(long_prefill_token_threshold: int | None, max_model_len: 
 
 
 def _overrides(vllm_config: VllmConfig) -> dict[str, Any]:
-    """Top-level ``device_group``, ``override_qaic_config``, then ``VLLM_QAIC_*`` (vllm-qaic's order)."""
-    return read_overrides(vllm_config)
+    """Top-level ``device_group``, ``override_qaic_config``, then ``VLLM_QAIC_*`` (vllm-qaic's order);
+    under data parallelism the device group is this replica's (see qaic_vllm.data_parallel)."""
+    return replica_values(vllm_config, read_overrides(vllm_config))
 
 
 def engine_settings(vllm_config: VllmConfig, *, choose_shape: bool = False) -> EngineSettings:

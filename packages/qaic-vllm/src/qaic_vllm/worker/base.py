@@ -29,6 +29,7 @@ from qaic_core.execution import (
     StepModel,
 )
 from qaic_vllm.config import EngineSettings, engine_settings
+from qaic_vllm.data_parallel import replica_note
 from qaic_vllm.envs import VLLM_QAIC_MAX_CPU_THREADS, max_cpu_threads
 from qaic_vllm.faults import fatal_reported
 from qaic_vllm.metrics import CardMetrics, start_card_metrics, stop_card_metrics
@@ -110,6 +111,9 @@ class QaicWorkerBase(WorkerBase):
             self.path.package,
         )
         self.tracer = IterationTracer(self.backend, self.vllm_config.profiler_config.torch_profiler_dir)
+        note = replica_note(self.vllm_config, self.settings.compile.device_group)
+        if note:
+            log.info("%s", note)
         self.card_metrics = start_card_metrics(self.vllm_config, self.settings.compile, self.backend)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
