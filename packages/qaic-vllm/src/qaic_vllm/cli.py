@@ -51,18 +51,19 @@ def usage_examples(host: str, port: int) -> str:
 Once the server says "Application startup complete", try:
 
   curl {base}/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "{DEFAULT_MODEL_NAME}", "prompt": "Once upon a time", "max_tokens": 32}}'
+    -d '{{"model": "{DEFAULT_MODEL_NAME}", "prompt": "The for statement", "max_tokens": 32}}'
 
   python - <<'PY'
 from openai import OpenAI
 client = OpenAI(base_url="{base}", api_key="unused")
 reply = client.chat.completions.create(
-    model="{DEFAULT_MODEL_NAME}", messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32
+    model="{DEFAULT_MODEL_NAME}", messages=[{{"role": "user", "content": "What does json.dumps do?"}}], max_tokens=64
 )
 print(reply.choices[0].message.content)
 PY
 
-(The default model has random weights: it answers fluently in nonsense, by design.)
+(The default model is tiny and was trained here on Python's own documentation for a few minutes:
+ it answers in words about Python, not in facts to rely on.)
 """
 
 
