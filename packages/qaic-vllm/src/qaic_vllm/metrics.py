@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client import Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -227,11 +228,12 @@ class CardMetrics(Observer):
 def start_card_metrics(vllm_config: Any, settings: CompileSettings, backend: DeviceBackend) -> CardMetrics:
     """The worker's metrics for its device group, registered with the plugin manager before the model opens.
 
-    The data-parallel rank is vLLM's (``parallel_config.data_parallel_rank``, 0 without data
-    parallelism); the device group is the QIDs the engine's program runs on.
+    The data-parallel rank is vLLM's ``parallel_config.data_parallel_index`` (the global rank: vLLM
+    turns each dense-model replica's ``data_parallel_rank`` into 0), else ``data_parallel_rank``, 0
+    without data parallelism; the device group is the QIDs the engine's program runs on.
     """
     device_group = group_ids(settings.device_group, settings.num_devices)
-    rank = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
+    rank = data_parallel_rank(vllm_config.parallel_config)
     try:
         per_request = kv_bytes_per_request(vllm_config)
     except (AttributeError, TypeError, ValueError) as exc:
@@ -240,6 +242,14 @@ def start_card_metrics(vllm_config: Any, settings: CompileSettings, backend: Dev
     metrics = CardMetrics(metrics_dir(), rank, device_group, backend, per_request)
     get_plugin_manager().register(metrics, name=f"qaic-card-metrics-{id(metrics)}")
     return metrics.start()
+
+
+def data_parallel_rank(parallel_config: Any) -> int:
+    """The replica's global data-parallel rank (0 without data parallelism)."""
+    index = getattr(parallel_config, "data_parallel_index", None)
+    if index is None:
+        index = getattr(parallel_config, "data_parallel_rank", 0)
+    return int(index or 0)
 
 
 def stop_card_metrics(metrics: CardMetrics | None) -> None:
@@ -288,26 +298,67 @@ class CardMetricsCollector(Collector):
                 found.append(snap)
         return found
 
-    def collect(self) -> Iterator[Metric]:
+    def rows(self) -> Iterator[tuple[Series, list[str], list[str], float]]:
+        """(series, label names, label values, value) of every sample the snapshots give now."""
         snapshots = self.snapshots()
         now = self.clock()
         for series in SERIES:
-            labels = [*LABELS, "kind"] if series.key == "faults" else list(LABELS)
-            family: GaugeMetricFamily | CounterMetricFamily
-            if series.kind == "gauge":
-                family = GaugeMetricFamily(series.name, series.help, labels=labels)
-            else:
-                family = CounterMetricFamily(series.name, series.help, labels=labels)
+            names = [*LABELS, "kind"] if series.key == "faults" else list(LABELS)
             for snap in snapshots:
-                values = [snap["labels"][name] for name in LABELS]
+                values = [str(snap["labels"][name]) for name in LABELS]
                 if series.key == "faults":
                     for kind, count in sorted(snap["faults"].items()):
-                        family.add_metric([*values, kind], float(count))
+                        yield series, names, [*values, kind], float(count)
                 elif series.key == "busy":
-                    family.add_metric(values, busy_fraction(snap, now))
+                    yield series, names, values, busy_fraction(snap, now)
                 else:
-                    family.add_metric(values, float(snap[series.key]))
-            yield family
+                    yield series, names, values, float(snap[series.key])
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for series in SERIES:
+            names = [*LABELS, "kind"] if series.key == "faults" else list(LABELS)
+            kind = GaugeMetricFamily if series.kind == "gauge" else CounterMetricFamily
+            families[series.name] = kind(series.name, series.help, labels=names)
+        for series, _, values, value in self.rows():
+            families[series.name].add_metric(values, value)
+        yield from families.values()
+
+
+class MultiprocessMirror:
+    """The snapshots copied into prometheus_client gauges once a second, for its multiprocess mode.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (vLLM sets it for ``--api-server-count`` above 1, which
+    data parallelism defaults to), ``/metrics`` shows only what processes wrote into that folder,
+    so each API server writes the card series there as gauges (``mostrecent``: every server
+    writes the same values, the newest is shown). Counters are gauges in this mode.
+    """
+
+    def __init__(self, collector: CardMetricsCollector, interval: float = WRITE_INTERVAL_S) -> None:
+        self.collector = collector
+        self.interval = interval
+        self.gauges: dict[str, Gauge] = {}
+        self.thread = threading.Thread(target=self._run, name="qaic-metrics-mirror", daemon=True)
+
+    def mirror(self) -> None:
+        for series, names, values, value in self.collector.rows():
+            gauge = self.gauges.get(series.name)
+            if gauge is None:
+                gauge = Gauge(series.name, series.help, names, registry=None, multiprocess_mode="mostrecent")
+                self.gauges[series.name] = gauge
+            gauge.labels(*values).set(value)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.mirror()
+            except Exception as exc:  # a metrics problem must never stop the server
+                log.warning("qaic: card metrics not mirrored: %s", exc)
+            time.sleep(self.interval)
+
+    def start(self) -> MultiprocessMirror:
+        self.thread.start()
+        return self
 
 
 def process_alive(pid: int) -> bool:
@@ -335,9 +386,15 @@ _served: list[CardMetricsCollector] = []
 
 
 def serve_card_metrics() -> None:
-    """Register the collector with the registry vLLM's API server serves (once per process)."""
+    """Put the card series on the registry vLLM's API server serves (once per process).
+
+    The default registry gets the collector; under prometheus_client's multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR``) a :class:`MultiprocessMirror` writes them into that folder too.
+    """
     if _served:
         return
     collector = CardMetricsCollector(metrics_dir())
     REGISTRY.register(collector)
     _served.append(collector)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        MultiprocessMirror(collector).start()
