@@ -17,6 +17,7 @@ vLLM's ``assigned_physical_gpu_ids`` counts one device per rank (world size 1), 
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -147,7 +148,9 @@ def replica_note(vllm_config: VllmConfig, device_group: tuple[int, ...] | None) 
     additional = vllm_config.additional_config
     if not isinstance(additional, dict) or GROUPS_KEY not in additional:
         return None
+    visible = os.environ.get(QAIC_VISIBLE_DEVICES)
     return (
         f"qaic: data-parallel rank {global_rank(vllm_config)} (local rank {local_rank(vllm_config)}) "
         f"runs on device group {list(device_group or ())}"
+        + (f" of {QAIC_VISIBLE_DEVICES}={visible}" if visible else "")
     )
