@@ -272,9 +272,14 @@ def metrics_dir() -> Path:
         return Path(value)
     folder = tempfile.mkdtemp(prefix="qaic-metrics-")
     os.environ[QAIC_METRICS_DIR] = folder
-    owner = os.getpid()
-    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(folder, ignore_errors=True))
+    atexit.register(remove_folder, folder, os.getpid())
     return Path(folder)
+
+
+def remove_folder(folder: str, owner: int) -> None:
+    """Remove the snapshot folder at exit, in the process that made it only (forked children inherit atexit)."""
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class CardMetricsCollector(Collector):
