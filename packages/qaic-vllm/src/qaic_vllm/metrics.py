@@ -205,6 +205,8 @@ class CardMetrics(Observer):
                 tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(data)
                 os.replace(tmp, self.path)
+        except FileNotFoundError:  # the folder was removed at exit before this last write
+            log.debug("qaic: card metrics folder %s is gone", self.path.parent)
         except OSError as exc:
             log.warning("qaic: cannot write card metrics to %s: %s", self.path, exc)
 
