@@ -85,6 +85,34 @@ def test_bad_device_plans_are_refused_at_start_up(
         assert needle in str(info.value)
 
 
+def test_a_mixture_of_experts_model_is_refused_with_data_parallelism(tmp_path: Path) -> None:
+    """vLLM runs MoE replicas in lockstep over a process group the Cloud AI worker does not join."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen2MoeForCausalLM(config).save_pretrained(tmp_path)
+    assert (
+        engine_config(tmp_path, tokenizer=str(tmp_path), skip_tokenizer_init=True) is not None
+    )  # one replica
+    with pytest.raises((QaicConfigError, ValueError)) as info:
+        engine_config(tmp_path, skip_tokenizer_init=True, data_parallel_size=2)
+    assert "mixture-of-experts" in str(info.value) and "QAIC_VISIBLE_DEVICES" in str(info.value)
+
+
 # -- one real server ---------------------------------------------------------------------------
 
 

@@ -107,8 +107,16 @@ def assign_device_groups(vllm_config: VllmConfig, values: Mapping[str, Any]) -> 
     """Plan and record each local rank's device group (configuration time; no-op without DP)."""
     replicas = local_replicas(vllm_config)
     additional = vllm_config.additional_config
-    if replicas <= 1 and int(vllm_config.parallel_config.data_parallel_size) <= 1:
+    size = int(vllm_config.parallel_config.data_parallel_size)
+    if replicas <= 1 and size <= 1:
         return
+    if getattr(vllm_config.model_config, "is_moe", False):
+        raise QaicConfigError(
+            f"--data-parallel-size {size} with a mixture-of-experts model is not supported on Cloud AI yet: "
+            "vLLM runs MoE replicas in lockstep over a cross-replica process group (for expert parallelism) "
+            "that the Cloud AI worker does not join. Serve each replica with its own vllm serve on its own "
+            f"{QAIC_VISIBLE_DEVICES} and balance in front of them, or drop --data-parallel-size"
+        )
     if not isinstance(additional, dict) or GROUPS_KEY in additional:
         return
     num_devices = values.get("num_devices")
@@ -122,7 +130,7 @@ def assign_device_groups(vllm_config: VllmConfig, values: Mapping[str, Any]) -> 
     log.info(
         "qaic: data parallelism: %d replica(s) of %d on this node, device groups %s",
         replicas,
-        int(vllm_config.parallel_config.data_parallel_size),
+        size,
         [list(g) for g in groups],
     )
 
