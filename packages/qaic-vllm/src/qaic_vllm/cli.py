@@ -51,13 +51,13 @@ def usage_examples(host: str, port: int) -> str:
 Once the server says "Application startup complete", try:
 
   curl {base}/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "{DEFAULT_MODEL_NAME}", "prompt": "The for statement", "max_tokens": 32}}'
+    -d '{{"model": "{DEFAULT_MODEL_NAME}", "prompt": "The card", "max_tokens": 16, "temperature": 0}}'
 
   python - <<'PY'
 from openai import OpenAI
 client = OpenAI(base_url="{base}", api_key="unused")
 reply = client.chat.completions.create(
-    model="{DEFAULT_MODEL_NAME}", messages=[{{"role": "user", "content": "What does json.dumps do?"}}], max_tokens=64
+    model="{DEFAULT_MODEL_NAME}", messages=[{{"role": "user", "content": "What does json.dumps do?"}}], max_tokens=64, temperature=0
 )
 print(reply.choices[0].message.content)
 PY

@@ -274,6 +274,16 @@ def build_model(
     return out
 
 
+def starts_with_bos(tokenizer: Any, out_dir: Path) -> None:
+    """Encode text as ``<s>`` + text (as documents began in training) and save; chats already hold ``<s>``."""
+    from tokenizers import processors
+
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tokenizer.bos_token_id)]
+    )
+    tokenizer.save_pretrained(out_dir)
+
+
 def train_threads() -> int:
     """The CPU threads training uses: this machine's cores, at most ``MAX_TRAIN_THREADS``."""
     try:
@@ -311,6 +321,7 @@ def train_model(
     plain = [re.sub(f"{re.escape(BOS)}|{re.escape(EOS)}", " ", doc) for doc in documents]
     log.info("training the tokenizer on %d documents of Python's own text", len(documents))
     tokenizer = build_tokenizer(out, recipe.vocab_size, plain)
+    starts_with_bos(tokenizer, out)
     ids = [i for doc in documents for i in tokenizer(doc, add_special_tokens=False)["input_ids"]]
     stream = torch.tensor(ids, dtype=torch.long)
     window = recipe.seq_len + 1
