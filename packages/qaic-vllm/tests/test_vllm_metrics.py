@@ -26,7 +26,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_server import VllmServer
 
-from qaic_vllm.metrics import SERIES, CardMetrics, CardMetricsCollector, busy_fraction, data_parallel_rank
+from qaic_vllm.metrics import (
+    MADE_BY,
+    QAIC_METRICS_DIR,
+    SERIES,
+    CardMetrics,
+    CardMetricsCollector,
+    busy_fraction,
+    claim_metrics_dir,
+    data_parallel_rank,
+)
 
 pytestmark = pytest.mark.serve
 
@@ -83,7 +92,8 @@ def stream(client: openai.OpenAI, i: int, max_tokens: int) -> str | None:
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("serve-metrics")
-    env = {"QAIC_SIM_FAULTS": f"dev_error@0:run={FAULT_RUN}", "QAIC_METRICS_DIR": str(folder / "metrics")}
+    # No QAIC_METRICS_DIR: the server makes its own folder, as it does for a user.
+    env = {"QAIC_SIM_FAULTS": f"dev_error@0:run={FAULT_RUN}"}
     srv = VllmServer(tiny_model, ARGS, folder / "vllm-serve.log", env=env)
     yield srv
     srv.stop()
@@ -229,3 +239,19 @@ def test_the_rank_label_is_vllms_global_data_parallel_rank() -> None:
     assert data_parallel_rank(SimpleNamespace(data_parallel_rank=0, data_parallel_index=2)) == 2
     assert data_parallel_rank(SimpleNamespace(data_parallel_rank=1)) == 1
     assert data_parallel_rank(SimpleNamespace()) == 0
+
+
+def test_each_server_claims_its_own_snapshot_folder_unless_the_user_chose_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder a parent process made for itself is not shared with a server it starts; the user's is."""
+    monkeypatch.delenv(QAIC_METRICS_DIR, raising=False)
+    monkeypatch.delenv(MADE_BY, raising=False)
+    own = claim_metrics_dir()
+    assert own.is_dir() and os.environ[QAIC_METRICS_DIR] == str(own)
+    assert claim_metrics_dir() == own  # claimed once per process
+    monkeypatch.setenv(MADE_BY, f"{os.getpid() + 1}:{own}")  # as a server started by this process sees it
+    fresh = claim_metrics_dir()
+    assert fresh != own and fresh.is_dir()
+    monkeypatch.setenv(QAIC_METRICS_DIR, str(tmp_path))  # the user's choice, whatever MADE_BY says
+    assert claim_metrics_dir() == tmp_path

@@ -41,6 +41,8 @@ log = logging.getLogger("qaic.vllm.metrics")
 
 QAIC_METRICS_DIR = "QAIC_METRICS_DIR"
 """Where engine cores write their snapshots and the API server reads them (a temporary folder by default)."""
+MADE_BY = "QAIC_METRICS_DIR_MADE_BY"
+"""``pid:folder`` of the process that made ``QAIC_METRICS_DIR`` a temporary folder (unset: the user chose it)."""
 WRITE_INTERVAL_S = 1.0
 LABELS = ("dp_rank", "device_group")
 
@@ -267,13 +269,30 @@ def stop_card_metrics(metrics: CardMetrics | None) -> None:
 def metrics_dir() -> Path:
     """``QAIC_METRICS_DIR``, made a fresh temporary folder (removed at exit) when unset.
 
-    The API server sets it before it starts the engine cores, so they inherit the same folder.
+    ``vllm serve`` claims its own before it starts the engine cores (:func:`claim_metrics_dir`), so
+    they inherit the same folder.
     """
     value = os.environ.get(QAIC_METRICS_DIR)
-    if value:
-        return Path(value)
+    return Path(value) if value else make_metrics_dir()
+
+
+def claim_metrics_dir() -> Path:
+    """The folder of this ``vllm serve`` (called where vLLM builds its command line, in the CLI process).
+
+    A folder the user chose is kept; one another process made for itself (a parent that ran vLLM
+    in-process, another server that started this one) is not shared: this server makes its own.
+    """
+    value = os.environ.get(QAIC_METRICS_DIR)
+    made_by = os.environ.get(MADE_BY, "")
+    if not value or (made_by.endswith(f":{value}") and made_by != f"{os.getpid()}:{value}"):
+        return make_metrics_dir()
+    return Path(value)  # the user's, or this process's own
+
+
+def make_metrics_dir() -> Path:
     folder = tempfile.mkdtemp(prefix="qaic-metrics-")
     os.environ[QAIC_METRICS_DIR] = folder
+    os.environ[MADE_BY] = f"{os.getpid()}:{folder}"
     atexit.register(remove_folder, folder, os.getpid())
     return Path(folder)
 
@@ -287,15 +306,24 @@ def remove_folder(folder: str, owner: int) -> None:
 class CardMetricsCollector(Collector):
     """Yields :data:`SERIES` from every snapshot in the folder at each scrape."""
 
-    def __init__(self, directory: Path, clock: Any = time.time) -> None:
-        self.directory = Path(directory)
+    def __init__(self, directory: Path | None = None, clock: Any = time.time) -> None:
+        self.fixed = Path(directory) if directory is not None else None
         self.clock = clock
+
+    @property
+    def directory(self) -> Path | None:
+        """The folder given, else ``QAIC_METRICS_DIR`` as it is now (None when unset: no snapshots)."""
+        if self.fixed is not None:
+            return self.fixed
+        value = os.environ.get(QAIC_METRICS_DIR)
+        return Path(value) if value else None
 
     def snapshots(self) -> list[dict[str, Any]]:
         """Every snapshot in the folder but those a process of this host wrote and has since ended."""
         found = []
         host = socket.gethostname()
-        for path in sorted(self.directory.glob("dp*-group*.json")):
+        directory = self.directory
+        for path in sorted(directory.glob("dp*-group*.json")) if directory is not None else []:
             try:
                 snap = json.loads(path.read_text())
             except (OSError, ValueError) as exc:
@@ -400,7 +428,7 @@ def serve_card_metrics() -> None:
     """
     if _served:
         return
-    collector = CardMetricsCollector(metrics_dir())
+    collector = CardMetricsCollector()
     REGISTRY.register(collector)
     _served.append(collector)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

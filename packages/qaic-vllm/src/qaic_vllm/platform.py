@@ -164,8 +164,10 @@ class QaicPlatform(Platform):
         install_batch_default_probe()
         if parser is None:
             return
+        from qaic_vllm.metrics import claim_metrics_dir
         from qaic_vllm.pooling_server import add_to_parser
 
+        claim_metrics_dir()  # this server's card-metrics folder, before its engine cores start
         add_to_parser(parser)
         accept_option_value(parser, "--kv-cache-dtype", "mxint8", _kv_cache_dtype_type)
 
