@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from qaic_core import get_plugin_manager
@@ -103,7 +102,7 @@ def plan_groups(
     return groups
 
 
-def assign_device_groups(vllm_config: VllmConfig, values: Mapping[str, Any]) -> None:
+def assign_device_groups(vllm_config: VllmConfig) -> None:
     """Plan and record each local rank's device group (configuration time; no-op without DP)."""
     replicas = local_replicas(vllm_config)
     additional = vllm_config.additional_config
@@ -119,6 +118,9 @@ def assign_device_groups(vllm_config: VllmConfig, values: Mapping[str, Any]) -> 
         )
     if not isinstance(additional, dict) or GROUPS_KEY in additional:
         return
+    from qaic_vllm.overrides import read_overrides
+
+    values = read_overrides(vllm_config)  # only with DP: a pooling engine has not set its keys aside yet
     num_devices = values.get("num_devices")
     groups = plan_groups(
         max(replicas, 1),

@@ -21,7 +21,7 @@ from qaic_vllm.compat.engine_args import install_batch_default_probe
 from qaic_vllm.config import engine_settings, execution_path_of
 from qaic_vllm.data_parallel import assign_device_groups
 from qaic_vllm.faults import FaultSettings, check_devices, config_reported, install_exit_report
-from qaic_vllm.overrides import adopt_engine_args, read_overrides
+from qaic_vllm.overrides import adopt_engine_args
 from qaic_vllm.prefill import prefill_budget
 from qaic_vllm.quantization import register_mxfp6, register_mxint8_kv_cache
 from qaic_vllm.sizing import apply_shape
@@ -193,7 +193,7 @@ class QaicPlatform(Platform):
         FaultSettings.from_env()  # a bad fault setting fails here, not at the first fault
         pm = get_plugin_manager()
         check_devices(pm.select_device_backend())  # backend name, visible devices, simulator settings
-        assign_device_groups(vllm_config, read_overrides(vllm_config))  # one group per local DP rank
+        assign_device_groups(vllm_config)  # one group per local DP rank
         path = pm.select_execution_path(execution_path_of(vllm_config))
         if PAGED_KV in path.capabilities:  # the eager mode: vLLM's own scheduler and KV block layout
             from qaic_vllm.paged_config import configure_paged
