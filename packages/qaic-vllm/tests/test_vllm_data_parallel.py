@@ -117,8 +117,14 @@ def test_a_mixture_of_experts_model_is_refused_with_data_parallelism(tmp_path: P
 
 
 @pytest.fixture(scope="module")
+def dp_qeff_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A compile cache of this file's own: the program these servers compile is the only one in it."""
+    return tmp_path_factory.mktemp("qeff-dp")
+
+
+@pytest.fixture(scope="module")
 def server(
-    tiny_model: Path, qeff_home: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path, dp_qeff_home: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("serve-dp") / "vllm-serve.log"
     args = [
@@ -129,7 +135,7 @@ def server(
         "--dtype", "float32",
         "--data-parallel-size", str(DP),
     ]  # fmt: skip
-    srv = VllmServer(tiny_model, args, log, env={"QEFF_HOME": str(qeff_home)})
+    srv = VllmServer(tiny_model, args, log, env={"QEFF_HOME": str(dp_qeff_home)})
     yield srv
     srv.stop()
 
@@ -187,9 +193,9 @@ def test_each_rank_ran_on_its_own_device_group(server: VllmServer) -> None:
     assert {int(r): json.loads(g) for r, g in ranks.items()} == {r: [r] for r in range(DP)}
 
 
-def test_the_program_was_compiled_once(server: VllmServer, qeff_home: Path) -> None:
+def test_the_program_was_compiled_once(server: VllmServer, dp_qeff_home: Path) -> None:
     text = server.log_text()
     assert text.count("qaic-compile (sim)") == 1, "every replica but one should find the program in the cache"
-    programs = [p for p in qeff_home.rglob("qpc-*") if p.is_dir()]
+    programs = [p for p in dp_qeff_home.rglob("qpc-*") if p.is_dir()]
     assert len(programs) == 1
     assert text.count(f"program ready: {programs[0]}") == DP

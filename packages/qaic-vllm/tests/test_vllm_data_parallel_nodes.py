@@ -67,8 +67,14 @@ class HeadlessNode:
 
 
 @pytest.fixture(scope="module")
+def dp_qeff_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A compile cache of this file's own: the program these servers compile is the only one in it."""
+    return tmp_path_factory.mktemp("qeff-dp")
+
+
+@pytest.fixture(scope="module")
 def nodes(
-    tiny_model: Path, qeff_home: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path, dp_qeff_home: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[VllmServer, HeadlessNode]]:
     logs = tmp_path_factory.mktemp("serve-dp-nodes")
     rpc = ["--data-parallel-rpc-port", str(free_port())]
@@ -76,14 +82,14 @@ def nodes(
         tiny_model,
         [*COMMON, *rpc, "--data-parallel-start-rank", "1"],
         logs / "node1.log",
-        {"QAIC_VISIBLE_DEVICES": "1", "QEFF_HOME": str(qeff_home), "QAIC_BACKEND": "sim"},
+        {"QAIC_VISIBLE_DEVICES": "1", "QEFF_HOME": str(dp_qeff_home), "QAIC_BACKEND": "sim"},
     )
     try:
         first = VllmServer(
             tiny_model,
             [*COMMON, *rpc],
             logs / "node0.log",
-            env={"QAIC_VISIBLE_DEVICES": "0", "QEFF_HOME": str(qeff_home)},
+            env={"QAIC_VISIBLE_DEVICES": "0", "QEFF_HOME": str(dp_qeff_home)},
         )
     except BaseException:
         second.stop()
