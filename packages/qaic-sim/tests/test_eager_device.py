@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
+from eager_devices import CONFIG, MB, open_device
 
-from qaic_core.eager import DeviceMemoryError, EagerDevice, EagerDeviceRequest, EagerStep
+from qaic_core.eager import DeviceMemoryError, EagerDevice, EagerStep
 from qaic_core.errors import QaicConfigError, QaicRuntimeError
 from qaic_core.manager import get_plugin_manager
 from qaic_sim import qaicrt
@@ -16,23 +17,6 @@ from qaic_sim.machine import get_machine, reset_machine
 from qaic_sim.timing import HardwareModel, device_time_s
 from qaic_sim.timing_cost import ProgramCost
 from qaic_sim.timing_eager import eager_step_cost
-
-CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 320,
-}
-MB = 2**20
-
-
-def open_device(**kwargs: object) -> EagerDevice:
-    backend = get_plugin_manager().select_device_backend("sim")
-    assert backend.eager is not None
-    return backend.eager(EagerDeviceRequest(model_config=CONFIG, label="tiny", **kwargs))  # type: ignore[arg-type]
 
 
 def test_the_sim_backend_offers_an_eager_device_on_the_first_visible_qid() -> None:

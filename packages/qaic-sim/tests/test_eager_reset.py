@@ -3,34 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from eager_devices import MB, open_device
 
-from qaic_core.eager import EagerDevice, EagerDeviceRequest, EagerStep
+from qaic_core.eager import EagerStep
 from qaic_core.errors import QaicRuntimeError
-from qaic_core.manager import get_plugin_manager
 from qaic_core.types import QStatus
 from qaic_sim.machine import get_machine
 
-CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 320,
-}
-MB = 2**20
 WORK = EagerStep(query_lens=[1], seq_lens=[1], num_logits=1)
 
 
-def open_device() -> EagerDevice:
-    backend = get_plugin_manager().select_device_backend("sim")
-    assert backend.eager is not None
-    return backend.eager(EagerDeviceRequest(model_config=CONFIG, label="tiny", device_group=(2,)))
-
-
 def test_after_a_reset_steps_fail_until_the_lost_memory_is_reserved_again() -> None:
-    device = open_device()
+    device = open_device(device_group=(2,))
     qid = get_machine().topology.device(2)
     assert qid is not None
     device.reserve("weights", 30 * MB)
@@ -55,7 +39,7 @@ def test_after_a_reset_steps_fail_until_the_lost_memory_is_reserved_again() -> N
 
 
 def test_a_reset_fault_fails_its_step_and_the_steps_after_it() -> None:
-    device = open_device()
+    device = open_device(device_group=(2,))
     device.reserve("weights", 5 * MB)
     faults = get_machine().faults
     faults.inject("reset", qid=2, at=1)

@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,6 +64,31 @@ def hf_greedy(tiny_model: Path) -> Callable[[Sequence[int], int], list[int]]:
         return cache[key]
 
     return ref
+
+
+@pytest.fixture(scope="session")
+def qwen2_embedder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A tiny random Qwen2Model with the package's tokenizer (vLLM's pooling path wants one)."""
+    import torch
+    import transformers
+
+    from qaic_vllm.default_model import build_tokenizer
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("models") / "tiny-qwen2-embedder"
+    tokenizer = build_tokenizer(out)
+    config = transformers.Qwen2Config(
+        vocab_size=max(len(tokenizer), 160),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = transformers.Qwen2Model(config).eval()
+    model.save_pretrained(out)
+    return out, model
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,7 @@ second runs rank 1 headless on SoC 1 (``QAIC_VISIBLE_DEVICES=1``). They share on
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from vllm_server import VllmServer, free_port, vllm_command
+from vllm_server import ServeProcess, VllmServer, free_port
 
 pytestmark = pytest.mark.serve
 
@@ -35,37 +32,6 @@ COMMON = [
 ]  # fmt: skip
 
 
-class HeadlessNode:
-    """``vllm serve --headless``: engine cores only, no API server; stopped with its process group."""
-
-    def __init__(self, model: Path, args: list[str], log_path: Path, env: dict[str, str]) -> None:
-        self.log_path = log_path
-        self._log = log_path.open("w")
-        environ = dict(os.environ) | env
-        environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        self.proc = subprocess.Popen(
-            [*vllm_command(), "serve", str(model), "--headless", *args],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=environ,
-            start_new_session=True,
-        )
-
-    def log_text(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self._log.close()
-
-
 @pytest.fixture(scope="module")
 def dp_qeff_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A compile cache of this file's own: the program these servers compile is the only one in it."""
@@ -75,12 +41,12 @@ def dp_qeff_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def nodes(
     tiny_model: Path, dp_qeff_home: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[VllmServer, HeadlessNode]]:
+) -> Iterator[tuple[VllmServer, ServeProcess]]:
     logs = tmp_path_factory.mktemp("serve-dp-nodes")
     rpc = ["--data-parallel-rpc-port", str(free_port())]
-    second = HeadlessNode(
+    second = ServeProcess(  # engine cores only, no API server
         tiny_model,
-        [*COMMON, *rpc, "--data-parallel-start-rank", "1"],
+        ["--headless", *COMMON, *rpc, "--data-parallel-start-rank", "1"],
         logs / "node1.log",
         {"QAIC_VISIBLE_DEVICES": "1", "QEFF_HOME": str(dp_qeff_home), "QAIC_BACKEND": "sim"},
     )
@@ -104,7 +70,7 @@ def prompt_ids(i: int) -> list[int]:
 
 
 def test_two_nodes_serve_transformers_greedy_tokens(
-    nodes: tuple[VllmServer, HeadlessNode], hf_greedy: Callable[..., list[int]]
+    nodes: tuple[VllmServer, ServeProcess], hf_greedy: Callable[..., list[int]]
 ) -> None:
     first, _ = nodes
     client = openai.OpenAI(base_url=first.url + "/v1", api_key="unused", timeout=300, max_retries=0)
@@ -131,7 +97,7 @@ def test_two_nodes_serve_transformers_greedy_tokens(
     assert sorted(served) == ["0", "1"] and all(n > 0 for n in served.values()), served
 
 
-def test_each_node_ran_its_rank_on_its_own_soc(nodes: tuple[VllmServer, HeadlessNode]) -> None:
+def test_each_node_ran_its_rank_on_its_own_soc(nodes: tuple[VllmServer, ServeProcess]) -> None:
     first, second = nodes
     assert "data-parallel rank 0 (local rank 0) runs on device group [0] of QAIC_VISIBLE_DEVICES=0" in (
         first.log_text()

@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import served_completions
+from served_completions import fault_plan, openai_client
 from vllm_server import VllmServer
 
 pytestmark = pytest.mark.serve
@@ -38,7 +40,7 @@ def prompt_ids(i: int) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("serve-faults") / "vllm-serve.log"
-    plan = ",".join(f"{kind}@0:run={run}" for kind, (_, run) in FAULTS.items())
+    plan = fault_plan({kind: run for kind, (_, run) in FAULTS.items()})
     srv = VllmServer(tiny_model, ARGS, log, env={"QAIC_SIM_FAULTS": plan})
     yield srv
     srv.stop()
@@ -46,37 +48,15 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def client(server: VllmServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+    return openai_client(server.url)
 
 
 def stream(client: openai.OpenAI, i: int, max_tokens: int) -> tuple[str, str | None]:
-    """(text received, error message or None) of one streaming completion."""
-    text = ""
-    try:
-        chunks = client.completions.create(
-            model=MODEL,
-            prompt=prompt_ids(i),
-            max_tokens=max_tokens,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        for chunk in chunks:
-            text += chunk.choices[0].text if chunk.choices else ""
-    except openai.APIError as exc:
-        return text, str(exc)
-    return text, None
+    return served_completions.stream(client, MODEL, prompt_ids(i), max_tokens)
 
 
 def greedy_ids(client: openai.OpenAI, i: int, n: int) -> list[int]:
-    reply = client.completions.create(
-        model=MODEL,
-        prompt=prompt_ids(i),
-        max_tokens=n,
-        temperature=0,
-        extra_body={"ignore_eos": True, "return_token_ids": True},
-    )
-    return list(reply.choices[0].token_ids)
+    return served_completions.greedy_ids(client, MODEL, prompt_ids(i), n)
 
 
 @pytest.mark.parametrize("kind", list(FAULTS))
@@ -103,7 +83,7 @@ def test_a_fault_storm_stops_the_server_with_a_failing_status(tiny_model: Path, 
     env = {"QAIC_SIM_FAULTS": "timeout@0:run=4,timeout@0:run=8", "VLLM_QAIC_MAX_DEVICE_FAULTS": "1"}
     srv = VllmServer(tiny_model, ARGS, tmp_path / "storm.log", env=env)
     try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+        client = openai_client(srv.url, timeout=60)
         for i in range(6):
             try:
                 stream(client, i, 20)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+import served_completions
+from served_completions import fault_plan, openai_client
 from vllm_server import VllmServer
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ def prompt_ids(i: int) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("serve-faults-pyt") / "vllm-serve.log"
-    plan = ",".join(f"{kind}@0:run={run}" for kind, (_, run) in FAULTS.items())
+    plan = fault_plan({kind: run for kind, (_, run) in FAULTS.items()})
     env = {"QAIC_SIM_FAULTS": plan, "VLLM_QAIC_EXECUTION_MODE": "pyt"}
     srv = VllmServer(tiny_model, ARGS, log, env=env)
     yield srv
@@ -55,37 +57,15 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def client(server: VllmServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+    return openai_client(server.url)
 
 
 def stream(client: openai.OpenAI, i: int, max_tokens: int) -> tuple[str, str | None]:
-    """(text received, error message or None) of one streaming completion."""
-    text = ""
-    try:
-        chunks = client.completions.create(
-            model=MODEL,
-            prompt=prompt_ids(i),
-            max_tokens=max_tokens,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        for chunk in chunks:
-            text += chunk.choices[0].text if chunk.choices else ""
-    except openai.APIError as exc:
-        return text, str(exc)
-    return text, None
+    return served_completions.stream(client, MODEL, prompt_ids(i), max_tokens)
 
 
 def greedy_ids(client: openai.OpenAI, i: int, n: int) -> list[int]:
-    reply = client.completions.create(
-        model=MODEL,
-        prompt=prompt_ids(i),
-        max_tokens=n,
-        temperature=0,
-        extra_body={"ignore_eos": True, "return_token_ids": True},
-    )
-    return list(reply.choices[0].token_ids)  # type: ignore[attr-defined]  # vLLM's return_token_ids
+    return served_completions.greedy_ids(client, MODEL, prompt_ids(i), n)
 
 
 def eager_model(llm: Any) -> torch.nn.Module:

@@ -22,8 +22,10 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+import served_completions
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from served_completions import fault_plan, openai_client
 from vllm_server import VllmServer
 
 from qaic_vllm.metrics import (
@@ -74,26 +76,15 @@ def value(found: dict[str, list[tuple[dict[str, str], float]]], name: str, **lab
 
 def stream(client: openai.OpenAI, i: int, max_tokens: int) -> str | None:
     """Stream one completion; the error's message, or None when it finished."""
-    try:
-        for _ in client.completions.create(
-            model=MODEL,
-            prompt=[(13 * i + 7 * k) % 800 + 11 for k in range(5 + 3 * i)],
-            max_tokens=max_tokens,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        ):
-            pass
-    except openai.APIError as exc:
-        return str(exc)
-    return None
+    prompt = [(13 * i + 7 * k) % 800 + 11 for k in range(5 + 3 * i)]
+    return served_completions.stream(client, MODEL, prompt, max_tokens)[1]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("serve-metrics")
     # No QAIC_METRICS_DIR: the server makes its own folder, as it does for a user.
-    env = {"QAIC_SIM_FAULTS": f"dev_error@0:run={FAULT_RUN}"}
+    env = {"QAIC_SIM_FAULTS": fault_plan({"dev_error": FAULT_RUN})}
     srv = VllmServer(tiny_model, ARGS, folder / "vllm-serve.log", env=env)
     yield srv
     srv.stop()
@@ -102,7 +93,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def served(server: VllmServer) -> dict[str, object]:
     """Load the server until the fault fired; what /metrics showed while it served, and after."""
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+    client = openai_client(server.url)
     busy: list[float] = []
     kv: list[float] = []
     errors: list[str] = []

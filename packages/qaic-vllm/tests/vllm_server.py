@@ -27,8 +27,48 @@ def free_port() -> int:
     return free_ports(1)
 
 
-class VllmServer:
-    """Starts ``vllm serve`` with its output in a log file; stops its whole process group."""
+class ServeProcess:
+    """``vllm serve MODEL ARGS`` with its output in a log file, in a process group of its own."""
+
+    def __init__(
+        self, model: Path, args: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.log_path = log_path
+        environ = dict(os.environ) | (env or {})
+        environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        environ.setdefault("QAIC_BACKEND", "sim")
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [*vllm_command(), "serve", str(model), *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=environ,
+            start_new_session=True,
+        )
+
+    def log_tail(self, lines: int = 120) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Stop the whole process group (the API server and its engine cores)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+
+class VllmServer(ServeProcess):
+    """``vllm serve`` on a free port of 127.0.0.1, returned once ``/health`` answers."""
 
     def __init__(
         self,
@@ -41,24 +81,7 @@ class VllmServer:
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        command = [
-            *vllm_command(),
-            "serve",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *args,
-        ]
-        env = dict(os.environ) | (env or {})
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        env.setdefault("QAIC_BACKEND", "sim")
-        self._log = log_path.open("w")
-        self.proc = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        super().__init__(model, ["--host", "127.0.0.1", "--port", str(self.port), *args], log_path, env)
         self._wait_ready(startup_timeout)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -74,15 +97,6 @@ class VllmServer:
             time.sleep(2)
         self.stop()
         raise RuntimeError(f"vllm serve did not become healthy in {timeout:.0f}s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 120) -> str:
-        self._log.flush()
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def log_text(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
 
     def metric(self, name: str) -> float:
         """The value of a gauge or counter from /metrics (summed over label sets)."""
@@ -100,13 +114,3 @@ class VllmServer:
             time.sleep(0.2)
             value = self.metric(name)
         return value
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self._log.close()
