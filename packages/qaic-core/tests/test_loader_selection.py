@@ -17,7 +17,15 @@ from qaic_core import (
     QaicPluginManager,
     hookimpl,
 )
-from qaic_core.descriptors import HF_CHECKPOINT, PROGRAM_KINDS, QPC, VLLM_CLASSES, ModelLoader, SessionFactory
+from qaic_core.descriptors import (
+    HF_CHECKPOINT,
+    PROGRAM_KINDS,
+    QPC,
+    VLLM_CLASSES,
+    ExecutionPath,
+    ModelLoader,
+    SessionFactory,
+)
 from qaic_core.env import QAIC_MODEL_LOADER, QAIC_SESSION_FACTORY
 from qaic_core.execution import ExecutionConfig
 from qaic_core.session import SessionRequest
@@ -170,3 +178,29 @@ def test_session_factories_by_name_environment_and_priority(monkeypatch: pytest.
         QaicBackendNotFoundError, match=f"'nope' \\(from {QAIC_SESSION_FACTORY}\\).*fast, qaicrt, tracing"
     ):
         pm.select_session_factory()
+
+
+class PathProvider:
+    """A plugin object returning one execution path that claims ``capabilities``."""
+
+    def __init__(self, capabilities: frozenset[str]) -> None:
+        self.capabilities = capabilities
+
+    @hookimpl
+    def qaic_execution_paths(self) -> list[ExecutionPath]:
+        return [
+            ExecutionPath(
+                name="odd",
+                package="pkg-odd",
+                architectures=frozenset({"LlamaForCausalLM"}),
+                open=lambda config: None,  # type: ignore[arg-type,return-value]
+                capabilities=self.capabilities,
+            )
+        ]
+
+
+def test_an_execution_path_claiming_an_unknown_capability_is_refused_naming_it() -> None:
+    assert set(_manager(("odd", PathProvider(frozenset({"overlap"})))).execution_paths()) == {"odd"}
+    with pytest.raises(QaicPluginError) as err:
+        _manager(("odd", PathProvider(frozenset({"overlap", "overlapp"})))).execution_paths()
+    assert "execution path 'odd' (pkg-odd)" in str(err.value) and "['overlapp']" in str(err.value)

@@ -20,6 +20,7 @@ from qaic_core.descriptors import (
     SessionFactory,
 )
 from qaic_core.errors import QaicBackendNotFoundError, QaicConfigError, QaicPluginError
+from qaic_core.execution import check_capabilities
 from qaic_core.observe import Observer, Observers
 
 if TYPE_CHECKING:
@@ -228,8 +229,11 @@ class QaicPluginManager(pluggy.PluginManager):
         return self._collect("qaic_device_backends", DeviceBackend)
 
     def execution_paths(self) -> dict[str, ExecutionPath]:
-        """Every registered execution path by name."""
-        return self._collect("qaic_execution_paths", ExecutionPath)
+        """Every registered execution path by name; a capability name no runner knows is refused (a typo)."""
+        paths = self._collect("qaic_execution_paths", ExecutionPath)
+        for name, path in paths.items():
+            check_capabilities(path.capabilities, f"execution path {name!r} ({path.package})")
+        return paths
 
     def attention_backends(self) -> dict[str, AttentionBackend]:
         """Every registered attention backend of the eager path by name."""
@@ -296,11 +300,7 @@ class QaicPluginManager(pluggy.PluginManager):
                 f"unknown qaic session factory {wanted!r} (from {source}); installed: {listed}"
             )
         factory = factories[wanted]
-        if not _safe_call(factory.is_available, f"session factory {wanted!r}"):
-            raise QaicBackendNotFoundError(
-                f"qaic session factory {wanted!r} ({factory.package}) is installed but cannot run here: "
-                f"{factory.description or 'its requirements are missing'}; installed: {listed}"
-            )
+        _require_available("session factory", wanted, factory, f"installed: {listed}")
         return factory
 
     def observers(self) -> Observers:
@@ -321,11 +321,7 @@ class QaicPluginManager(pluggy.PluginManager):
                 + (f"; to get it: pip install {hint}" if hint else "")
             )
         path = paths[name]
-        if not _safe_call(path.is_available, f"execution path {name!r}"):
-            raise QaicBackendNotFoundError(
-                f"qaic execution path {name!r} ({path.package}) is installed but cannot run here: "
-                f"{path.description or 'its requirements are missing'}; installed paths: {installed}"
-            )
+        _require_available("execution path", name, path, f"installed paths: {installed}")
         return path
 
     def available_device_backends(self) -> list[DeviceBackend]:
@@ -413,6 +409,15 @@ def _safe_applies(loader: ModelLoader, config: ExecutionConfig) -> bool:
     except Exception as exc:
         log.warning("qaic model loader %r: applies() failed: %s", loader.name, exc)
         return False
+
+
+def _require_available(what: str, name: str, item: ExecutionPath | SessionFactory, installed: str) -> None:
+    """Refuse an installed ``item`` that cannot run here, saying why (its description) and what else is installed."""
+    if not _safe_call(item.is_available, f"{what} {name!r}"):
+        raise QaicBackendNotFoundError(
+            f"qaic {what} {name!r} ({item.package}) is installed but cannot run here: "
+            f"{item.description or 'its requirements are missing'}; {installed}"
+        )
 
 
 def _safe_call(is_available: Callable[[], bool], what: str) -> bool:
