@@ -122,6 +122,9 @@ class ModelLoader:
     ``vllm_classes`` (the ``pyt`` path steps it). ``applies(config)`` says whether the loader can
     load for this configuration (the ``qpc`` loader needs ``qpc_path``); when no loader is named,
     the path takes the applicable loader of its kinds with the highest ``priority`` (then by name).
+    ``reload(config, loaded)`` puts the weights into what ``load`` returned again, in place, after a
+    device fault lost them (the ``pyt`` path's recovery); a loader without it cannot recover, and a
+    fault then stops the engine.
     """
 
     name: str
@@ -131,6 +134,7 @@ class ModelLoader:
     applies: Callable[[ExecutionConfig], bool] = lambda config: True
     description: str = ""
     priority: int = 0
+    reload: Callable[[ExecutionConfig, object], None] | None = None
 
 
 @dataclass(frozen=True)

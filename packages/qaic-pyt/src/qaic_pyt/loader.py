@@ -27,3 +27,18 @@ def load_vllm_model(config: ExecutionConfig) -> torch.nn.Module:
     with set_current_vllm_config(vllm_config):
         model: torch.nn.Module = get_model(vllm_config=vllm_config)
     return model
+
+
+def reload_vllm_weights(config: ExecutionConfig, model: object) -> None:
+    """Read the checkpoint into ``model`` again, in place, with vLLM's loader for its load format."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model_loader
+
+    from qaic_pyt.step_model import vllm_config_of
+
+    vllm_config = vllm_config_of(config)
+    assert isinstance(model, torch.nn.Module)
+    loader = get_model_loader(vllm_config.load_config)
+    with set_current_vllm_config(vllm_config), torch.no_grad():
+        loader.load_weights(model, vllm_config.model_config)

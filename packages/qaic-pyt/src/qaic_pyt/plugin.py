@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from qaic_core import hookimpl
 from qaic_core.descriptors import VLLM_CLASSES, AttentionBackend, ExecutionPath, ModelLoader
 from qaic_core.execution import PAGED_KV, PREFIX_CACHING
-from qaic_pyt.loader import VLLM_LOADER, load_vllm_model
+from qaic_pyt.loader import VLLM_LOADER, load_vllm_model, reload_vllm_weights
 
 if TYPE_CHECKING:
     from qaic_core.execution import ExecutionConfig
@@ -87,6 +87,7 @@ def qaic_model_loaders() -> list[ModelLoader]:
             package="qaic-pyt",
             kind=VLLM_CLASSES,
             load=load_vllm_model,
+            reload=reload_vllm_weights,
             description="vLLM's own model class for the architecture, weights read by vLLM's loader",
             priority=10,
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -72,10 +74,17 @@ class EagerStepModel:
     """A loaded vLLM model on an eager device, stepped as a :class:`~qaic_core.execution.PagedStepModel`."""
 
     def __init__(
-        self, vllm_config: Any, model: torch.nn.Module, device: EagerDevice, weight_bytes: int
+        self,
+        vllm_config: Any,
+        model: torch.nn.Module,
+        device: EagerDevice,
+        weight_bytes: int,
+        reload_weights: Callable[[], None] | None = None,
     ) -> None:
         self.vllm_config = vllm_config
         self.model = model
+        self.reload_weights = reload_weights
+        """Reads the weights into ``model`` again (the model loader's ``reload``); None: it cannot."""
         self.device = device
         self.torch_device = torch.device(device.torch_device)
         self.weight_bytes = weight_bytes
@@ -235,30 +244,26 @@ class EagerStepModel:
 
         A reset loses what the device held (on a card the tensors on its ``qaic`` device; on the
         simulator its accounting, after which steps fail until the memory is held again), and the
-        layer cannot tell a reset from a fault that kept memory, so the weights are loaded from the
-        checkpoint again and the KV cache is allocated afresh. Raises when the device cannot hold
-        them again (the runner then stops the engine).
+        layer cannot tell a reset from a fault that kept memory, so the model loader reads the weights
+        in again (its ``reload``) and the KV cache is allocated afresh. Raises when the loader cannot
+        reload or the device cannot hold them again (the runner then stops the engine).
         """
         if not self.kv_caches:
             raise RuntimeError("recover() needs a model whose KV cache was allocated")
+        if self.reload_weights is None:
+            raise RuntimeError(
+                "the model loader that opened this model cannot reload its weights after a device fault "
+                "(its ModelLoader has no reload); restart the server, or use a loader that has one"
+            )
         num_blocks = self.num_blocks
         self._free_kv()
         self.device.release(WEIGHTS)
         self.device.settle(WEIGHTS, self.weight_bytes)
-        self._load_weights()
+        self.reload_weights()
         self.allocate_kv(num_blocks)
         log.warning(
             "qaic: %s recovered: weights loaded again, %d KV blocks emptied", self.device.name, num_blocks
         )
-
-    def _load_weights(self) -> None:
-        """Load the checkpoint into the model in place, with vLLM's loader for its load format."""
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader import get_model_loader
-
-        loader = get_model_loader(self.vllm_config.load_config)
-        with set_current_vllm_config(self.vllm_config), torch.no_grad():
-            loader.load_weights(self.model, self.vllm_config.model_config)
 
     def close(self) -> None:
         self._free_kv()
@@ -315,7 +320,9 @@ def open_step_model(config: ExecutionConfig) -> EagerStepModel:
             memory.mb(actual),
             memory.dtype_name(dtype),
         )
-        return EagerStepModel(vllm_config, model, device, actual)
+        reload = loader.reload
+        reload_weights = None if reload is None else partial(reload, config, model)
+        return EagerStepModel(vllm_config, model, device, actual, reload_weights)
     except BaseException:
         device.close()
         raise
