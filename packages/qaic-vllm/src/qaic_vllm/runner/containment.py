@@ -46,7 +46,10 @@ class FaultContainment:
         try:
             self.recover()
         except Exception as again:
-            raise QaicFatalError(f"the device did not come back after '{cause}': {again}") from again
+            raise QaicFatalError(
+                f"the device did not come back after '{cause}': {again}; check the card (qaic-util) "
+                "and start the server again"
+            ) from again
         self.observers.program_reloaded()
         recompute = self.recompute
         message = f"Cloud AI device fault: {cause}; the device was reloaded and the server keeps serving" + (

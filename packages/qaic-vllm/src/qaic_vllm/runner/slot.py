@@ -44,7 +44,6 @@ class SlotModelRunner:
         self.vllm_config = vllm_config
         self.proposer = proposer
         shape = model.shape
-        self.shape = shape
         prefill_batch = shape.prefill_batch_size if BATCHED_PREFILL in model.capabilities else 1
         self.limits = SlotLimits(shape, prefill_batch)
         host_sampler = HostSampler(vllm_config, shape.num_slots, shape.ctx_len, shape.vocab_size)
