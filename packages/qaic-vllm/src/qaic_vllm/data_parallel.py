@@ -49,10 +49,16 @@ def local_rank(vllm_config: VllmConfig) -> int:
     return int(rank) if rank is not None else 0
 
 
-def global_rank(vllm_config: VllmConfig) -> int:
-    """This engine core's data-parallel rank across all nodes (``data_parallel_index``; 0 without DP)."""
-    parallel = vllm_config.parallel_config
-    return int(getattr(parallel, "data_parallel_index", parallel.data_parallel_rank))
+def data_parallel_rank(parallel_config: Any) -> int:
+    """The replica's data-parallel rank across all nodes (0 without data parallelism).
+
+    vLLM resets ``data_parallel_rank`` to 0 inside each dense-model engine core and keeps the global
+    rank in ``data_parallel_index``, a field it sets after construction (so it may be absent before).
+    """
+    index = getattr(parallel_config, "data_parallel_index", None)
+    if index is None:
+        index = getattr(parallel_config, "data_parallel_rank", 0)
+    return int(index or 0)
 
 
 def visible_devices() -> list[int]:
@@ -160,7 +166,7 @@ def replica_note(vllm_config: VllmConfig, device_group: tuple[int, ...] | None) 
         return None
     visible = os.environ.get(QAIC_VISIBLE_DEVICES)
     return (
-        f"qaic: data-parallel rank {global_rank(vllm_config)} (local rank {local_rank(vllm_config)}) "
+        f"qaic: data-parallel rank {data_parallel_rank(vllm_config.parallel_config)} (local rank {local_rank(vllm_config)}) "
         f"runs on device group {list(device_group or ())}"
         + (f" of {QAIC_VISIBLE_DEVICES}={visible}" if visible else "")
     )

@@ -36,6 +36,7 @@ from qaic_core.observe import Observer, StepRecord
 from qaic_core.resources import group_ids
 from qaic_core.settings import CompileSettings
 from qaic_core.types import QStatus
+from qaic_vllm.data_parallel import data_parallel_rank
 
 log = logging.getLogger("qaic.vllm.metrics")
 
@@ -246,14 +247,6 @@ def start_card_metrics(vllm_config: Any, settings: CompileSettings, backend: Dev
     metrics = CardMetrics(metrics_dir(), rank, device_group, backend, per_request)
     get_plugin_manager().register(metrics, name=f"qaic-card-metrics-{id(metrics)}")
     return metrics.start()
-
-
-def data_parallel_rank(parallel_config: Any) -> int:
-    """The replica's global data-parallel rank (0 without data parallelism)."""
-    index = getattr(parallel_config, "data_parallel_index", None)
-    if index is None:
-        index = getattr(parallel_config, "data_parallel_rank", 0)
-    return int(index or 0)
 
 
 def stop_card_metrics(metrics: CardMetrics | None) -> None:
